@@ -1,0 +1,1 @@
+"""Storage backends implementing :class:`evq.domain.log.MessageLog`."""

@@ -1,0 +1,46 @@
+"""Store settings shared by every backend (segment sizes only matter to mmap).
+
+Names follow RocketMQ's ``MessageStoreConfig`` where one exists, so a broker.conf translates
+one to one; defaults are RocketMQ's.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from evq.domain.log import FlushMode
+from evq.domain.message import Host
+
+MIB = 1024 * 1024
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class StoreConfig:
+    flush: FlushMode = FlushMode.ASYNC_FLUSH
+    commitlog_segment_size: int = 1024 * MIB  # mappedFileSizeCommitLog
+    consume_queue_entries: int = 300_000  # mappedFileSizeConsumeQueue / 20
+    index_slots: int = 5_000_000  # maxHashSlotNum
+    index_entries: int = 20_000_000  # maxIndexNum
+    flush_interval_ms: int = 500  # flushIntervalCommitLog
+    flush_least_pages: int = 4  # flushCommitLogLeastPages
+    flush_thorough_interval_ms: int = 10_000  # flushCommitLogThoroughInterval
+    flush_consume_queue_interval_ms: int = 1000  # flushIntervalConsumeQueue
+    sync_flush_timeout_ms: int = 5000  # syncFlushTimeout
+    max_message_size: int = 4 * MIB  # maxMessageSize, whole stored record
+    store_host: Host = ("127.0.0.1", 10911)
+    check_crc_on_recover: bool = True  # checkCRCOnRecover
+    file_reserved_hours: float = 72  # fileReservedTime
+    delete_when: str = "04"  # deleteWhen: hours of the day, ';'-separated
+    disk_max_used_ratio: float = 0.75  # diskMaxUsedSpaceRatio
+    disk_force_clean_ratio: float = 0.85  # diskSpaceCleanForciblyRatio
+    clean_interval_s: float = 10.0  # cleanResourceInterval
+    warm_segments: bool = True  # warmMapedFileEnable, done off the hot path here
+
+    def __attrs_post_init__(self) -> None:
+        if self.commitlog_segment_size < 4096:
+            raise ValueError("commitlog_segment_size must be at least 4096 bytes")
+        if self.consume_queue_entries < 1 or self.index_slots < 1 or self.index_entries < 2:
+            raise ValueError("consume queue and index sizes must be positive")
+
+    def delete_hours(self) -> frozenset[int]:
+        return frozenset(int(h) for h in self.delete_when.split(";") if h.strip())

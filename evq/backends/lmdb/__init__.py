@@ -1,0 +1,1 @@
+"""LMDB backend of the MessageLog port (see the backends issue)."""

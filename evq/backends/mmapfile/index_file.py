@@ -1,0 +1,222 @@
+"""IndexFile: the key index projection (``topic#KEY`` and ``topic#UNIQ_KEY`` -> log offsets).
+
+Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout, big-endian::
+
+    +------------------------------ header, 40 bytes ------------------------------+
+    | 0 beginTimestamp 8 | 8 endTimestamp 8 | 16 beginPhyOffset 8 | 24 endPhyOffset 8 |
+    | 32 hashSlotCount 4 | 36 indexCount 4 (starts at 1; entry 0 is never used)       |
+    +---------------------------- slots: N x 4 bytes -------------------------------+
+    | slot[h % N] = number of the newest entry for that bucket, 0 = empty              |
+    +---------------------------- entries: M x 20 bytes -----------------------------+
+    | keyHash 4 | commit-log offset 8 | seconds since beginTimestamp 4 | prev entry 4  |
+    +---------------------------------------------------------------------------------+
+
+Entry *i* sits at ``40 + 4 * N + 20 * i``; ``prev`` chains entries of one bucket, newest
+first.  The header is rewritten with every put, in the same mapping, so a killed process
+leaves it consistent with the entries; recovery re-dispatch skips offsets below endPhyOffset.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+from evq.backends.mmapfile.mapped_file import MappedFile, prefault
+from evq.domain.hashing import index_key_hash
+
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = HEADER.size  # 40
+SLOT = struct.Struct(">i")
+ENTRY = struct.Struct(">iqii")
+ENTRY_SIZE = ENTRY.size  # 20
+MAX_TIME_DIFF = 0x7FFFFFFF
+
+
+def index_file_size(slots: int, max_entries: int) -> int:
+    return HEADER_SIZE + slots * 4 + max_entries * ENTRY_SIZE
+
+
+def index_file_name(ms: int) -> str:
+    t = time.localtime(ms / 1000)
+    return time.strftime("%Y%m%d%H%M%S", t) + f"{ms % 1000:03d}"
+
+
+class IndexFile:
+    __slots__ = (
+        "begin_phys", "begin_ts", "count", "end_phys", "end_ts", "file", "max_entries",
+        "slots", "slots_used",
+    )
+
+    def __init__(self, path: Path, slots: int, max_entries: int, *, create: bool):
+        self.slots = slots
+        self.max_entries = max_entries
+        size = index_file_size(slots, max_entries)
+        self.file = MappedFile(path, 0, size, create=create)
+        if create:
+            prefault(self.file.mm, HEADER_SIZE + slots * 4)  # slots are written at random
+            self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
+            self.slots_used, self.count = 0, 1
+            self._write_header()
+        else:
+            (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.slots_used,
+             self.count) = HEADER.unpack_from(self.file.mm, 0)
+            self.count = max(1, min(self.count, max_entries))
+        self.file.wrote = size
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.max_entries
+
+    def _write_header(self) -> None:
+        HEADER.pack_into(
+            self.file.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
+            self.slots_used, self.count,
+        )
+
+    def _head(self, slot_value: int) -> int:
+        """A slot's chain head if it names a counted entry.  A slot may name an entry past
+        ``count`` (written after the header last reached disk); follow its chain down."""
+        mm = self.file.mm
+        base = HEADER_SIZE + self.slots * 4
+        while slot_value >= self.count:
+            slot_value = ENTRY.unpack_from(mm, base + slot_value * ENTRY_SIZE)[3]
+        return max(slot_value, 0)
+
+    def put(self, topic: str, keys: tuple[str, ...], phys: int, store_ts: int) -> int:
+        """Index ``keys`` of one record; returns how many fit (the rest go to the next file)."""
+        mm = self.file.mm
+        slots = self.slots
+        base = HEADER_SIZE + slots * 4
+        if self.count == 1:
+            self.begin_ts, self.begin_phys = store_ts, phys
+        diff = min(max((store_ts - self.begin_ts) // 1000, 0), MAX_TIME_DIFF)
+        done = 0
+        for key in keys:
+            if self.count >= self.max_entries:
+                break
+            h = index_key_hash(topic, key)
+            slot_pos = HEADER_SIZE + (h % slots) * 4
+            head = self._head(SLOT.unpack_from(mm, slot_pos)[0])
+            ENTRY.pack_into(mm, base + self.count * ENTRY_SIZE, h, phys, diff, head)
+            SLOT.pack_into(mm, slot_pos, self.count)
+            if head == 0:
+                self.slots_used += 1
+            self.count += 1
+            done += 1
+        if done:
+            self.end_ts, self.end_phys = store_ts, phys
+            self._write_header()
+        return done
+
+    def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        """Log offsets under ``topic#key`` whose coarse (whole-second) store time may lie in
+        the range, newest first; the caller checks the records themselves."""
+        if self.count <= 1 or self.end_ts < begin_ms - 1000 or self.begin_ts > end_ms + 1000:
+            return []
+        mm = self.file.mm
+        base = HEADER_SIZE + self.slots * 4
+        h = index_key_hash(topic, key)
+        i = self._head(SLOT.unpack_from(mm, HEADER_SIZE + (h % self.slots) * 4)[0])
+        out: list[int] = []
+        seen = 0
+        while 0 < i < self.count and len(out) < limit and seen < self.max_entries:
+            eh, phys, diff, prev = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)
+            t = self.begin_ts + diff * 1000
+            if eh == h and begin_ms - 1000 <= t <= end_ms:
+                out.append(phys)
+            if prev >= i:  # chains only point backwards; anything else is damage
+                break
+            i = prev
+            seen += 1
+        return out
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def destroy(self) -> None:
+        self.file.destroy()
+
+
+class IndexService:
+    """The index directory: files filled in creation order, searched newest first."""
+
+    def __init__(self, directory: Path, slots: int, max_entries: int):
+        self.directory = directory
+        self.slots = slots
+        self.max_entries = max_entries
+        self.files: list[IndexFile] = []
+
+    def load(self) -> None:
+        if self.directory.is_dir():
+            for p in sorted(self.directory.iterdir()):
+                if p.name.isdigit():
+                    self.files.append(IndexFile(p, self.slots, self.max_entries, create=False))
+
+    @property
+    def end_phys(self) -> int:
+        """Log offset of the newest indexed record; re-dispatch skips what lies below."""
+        return self.files[-1].end_phys if self.files and self.files[-1].count > 1 else -1
+
+    def put(self, topic: str, keys: tuple[str, ...], phys: int, store_ts: int) -> None:
+        while keys:
+            f = self.files[-1] if self.files else None
+            if f is None or f.full:
+                f = self._new_file(store_ts)
+            done = f.put(topic, keys, phys, store_ts)
+            keys = keys[done:]
+
+    def _new_file(self, now_ms: int) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ms = now_ms
+        while (self.directory / index_file_name(ms)).exists():
+            ms += 1
+        f = IndexFile(self.directory / index_file_name(ms), self.slots, self.max_entries,
+                      create=True)
+        self.files.append(f)
+        return f
+
+    def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:
+        out: list[int] = []
+        for f in reversed(self.files):
+            out += f.lookup(topic, key, begin_ms, end_ms, limit - len(out))
+            if len(out) >= limit:
+                break
+        return out
+
+    @property
+    def last_update(self) -> tuple[int, int]:
+        """(timestamp, log offset) of the newest indexed record, as QUERY_MESSAGE reports."""
+        if not self.files:
+            return 0, 0
+        f = self.files[-1]
+        return f.end_ts, f.end_phys
+
+    def truncate(self, log_end: int) -> None:
+        """Drop whole files that start at or beyond the log end; entries in the last kept
+        file that point past it are filtered out by the store's record checks."""
+        while self.files and self.files[-1].begin_phys >= log_end and self.files[-1].count > 1:
+            self.files.pop().destroy()
+
+    def delete_expired(self, log_min: int) -> int:
+        count = 0
+        while len(self.files) > 1 and self.files[0].end_phys < log_min:
+            self.files.pop(0).destroy()
+            count += 1
+        return count
+
+    def flush(self) -> None:
+        for f in self.files[-2:]:
+            f.flush()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []

@@ -1,0 +1,340 @@
+"""Fixed-size mapped segment files and the ordered queues of them.
+
+A segment's name is its first byte's offset in the logical file, zero-padded to 20 digits
+(``00000000001073741824``), so a directory listing is the segment table.  Writers copy into
+the mapping and advance ``wrote``; flushers make ``[flushed, wrote)`` durable with fdatasync
+(dirty pages of a shared mapping are page cache pages, so that covers them).
+
+A fresh page costs about 8 us on first write (allocation, zeroing, a write fault).  The
+:class:`Allocator` creates the next segment ahead of need and pre-faults it writable with
+``madvise(MADV_POPULATE_WRITE)`` called through ctypes, which runs without the GIL: the
+append path then writes into pages that are already there, as RocketMQ's allocate-and-warm
+service arranges for its CommitLog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+NAME_DIGITS = 20
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14; absent from Python's mmap constants on 3.11
+
+_libc: ctypes.CDLL | None
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _libc.madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # pragma: no cover - non-Linux
+    _libc = None
+
+
+def segment_name(start: int) -> str:
+    return f"{start:0{NAME_DIGITS}d}"
+
+
+def prefault(mm: mmap.mmap, size: int) -> bool:
+    """Fault every page of ``mm`` in writable, without holding the GIL; False if unsupported."""
+    if _libc is None or size == 0:
+        return False
+    view = ctypes.c_char.from_buffer(mm)
+    try:
+        addr = ctypes.addressof(view)
+    finally:
+        del view  # release the buffer export so the mapping can be closed later
+    return _libc.madvise(addr, size, MADV_POPULATE_WRITE) == 0
+
+
+_CHUNK = 1 << 20
+_ZEROS = bytes(_CHUNK)
+
+
+def zero_tail(mm: mmap.mmap, pos: int) -> int:
+    """Zero ``mm`` from ``pos`` on, writing only chunks that hold something (untouched pages
+    of a sparse file stay unallocated).  Returns how many bytes past ``pos`` held data."""
+    size = len(mm)
+    start = dirty_end = pos
+    while pos < size:
+        end = min(size, (pos // _CHUNK + 1) * _CHUNK)
+        chunk = mm[pos:end]
+        if chunk != _ZEROS[: end - pos]:
+            dirty_end = pos + len(chunk.rstrip(b"\0"))
+            mm[pos:end] = _ZEROS[: end - pos]
+        pos = end
+    return dirty_end - start
+
+
+class MappedFile:
+    """One segment: a file of ``size`` bytes mapped shared, read-write."""
+
+    __slots__ = ("fd", "flushed", "mm", "path", "size", "start", "wrote")
+
+    def __init__(self, path: Path, start: int, size: int, *, create: bool, warm: bool = False):
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            if os.fstat(self.fd).st_size != size:
+                os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        if warm:
+            prefault(self.mm, size)
+        self.wrote = 0
+        self.flushed = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def free(self) -> int:
+        return self.size - self.wrote
+
+    def flush(self) -> int:
+        """fdatasync what was written since the last flush; returns the new flushed position."""
+        target = self.wrote
+        if target > self.flushed:
+            os.fdatasync(self.fd)
+            self.flushed = target
+        return self.flushed
+
+    def close(self) -> None:
+        # Views handed to readers keep the mapping alive; it is unmapped when the last goes.
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+class Allocator:
+    """Creates and warms segments in a background thread, off the append path.
+
+    :meth:`take` returns the pre-built segment for a path if there is one, else builds it cold
+    and has it warmed; either way it asks for the segment after it, so steady-state appends
+    never wait for a file to be created or a page to be faulted in.
+    """
+
+    def __init__(self, *, warm: bool = True):
+        self._warm = warm
+        self._lock = threading.Condition()
+        self._build: dict[Path, tuple[int, int]] = {}
+        self._to_warm: list[MappedFile] = []
+        self._ready: dict[Path, MappedFile] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="evq-allocate", daemon=True)
+        self._thread.start()
+
+    def take(self, path: Path, start: int, size: int) -> MappedFile:
+        with self._lock:
+            while path in self._build:  # being built right now: it is nearly there
+                self._lock.wait()
+            mf = self._ready.pop(path, None)
+        if mf is None:
+            mf = MappedFile(path, start, size, create=True)
+            self._request(warm=mf)
+        self.prefetch(mf)
+        return mf
+
+    def warm(self, mf: MappedFile) -> None:
+        """Fault in ``mf``'s pages in the background (a segment reopened after a restart)."""
+        self._request(warm=mf)
+
+    def prefetch(self, current: MappedFile) -> None:
+        """Build (and warm) the segment that will follow ``current``."""
+        nxt = current.path.parent / segment_name(current.end)
+        if nxt not in self._ready and not nxt.exists():
+            self._request(build=(nxt, current.end, current.size))
+
+    def _request(
+        self, *, warm: MappedFile | None = None, build: tuple[Path, int, int] | None = None
+    ) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if warm is not None and self._warm:
+                self._to_warm.append(warm)
+            if build is not None:
+                self._build[build[0]] = build[1:]
+            self._lock.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._build and not self._to_warm and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                warm = self._to_warm.pop(0) if self._to_warm else None
+                job = next(iter(self._build.items())) if warm is None else None
+            if warm is not None:
+                with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                    prefault(warm.mm, warm.size)
+                continue
+            assert job is not None
+            path, (start, size) = job
+            mf: MappedFile | None = None
+            try:
+                mf = MappedFile(path, start, size, create=True, warm=self._warm)
+            except OSError as exc:
+                log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
+            with self._lock:
+                self._build.pop(path, None)
+                if mf is not None:
+                    self._ready[path] = mf
+                self._lock.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._to_warm.clear()
+            self._lock.notify_all()
+        self._thread.join()
+        with self._lock:
+            for mf in self._ready.values():
+                mf.destroy()  # never written: an empty pre-built file is not part of the log
+            self._ready.clear()
+
+
+class MappedFileQueue:
+    """The ordered segments of one logical file (the CommitLog, or one ConsumeQueue)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        segment_size: int,
+        allocator: Allocator | None = None,
+    ):
+        self.directory = directory
+        self.segment_size = segment_size
+        self.allocator = allocator
+        self.files: list[MappedFile] = []
+        self.lock = threading.RLock()
+
+    def load(self) -> None:
+        """Map the existing segments (positions are set by recovery)."""
+        if not self.directory.is_dir():
+            return
+        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit())
+        for p in names:
+            size = p.stat().st_size
+            if size != self.segment_size:
+                if size == 0:
+                    log.warning("empty_segment_removed", path=str(p))
+                    p.unlink()
+                    continue
+                raise ValueError(
+                    f"{p}: size {size} differs from the configured segment size "
+                    f"{self.segment_size}; open the store with the size it was created with"
+                )
+            self.files.append(MappedFile(p, int(p.name), size, create=False))
+        for prev, cur in zip(self.files, self.files[1:], strict=False):
+            if cur.start != prev.start + self.segment_size:
+                raise ValueError(f"gap in segments between {prev.path.name} and {cur.path.name}")
+
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].start if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """Write position in the logical file."""
+        if not self.files:
+            return 0
+        last = self.files[-1]
+        return last.start + last.wrote
+
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    def new_segment(self, start: int) -> MappedFile:
+        """Append the segment beginning at ``start`` (the end of the last one, or any offset
+        aligned to the segment size for an empty queue)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / segment_name(start)
+        if self.allocator is not None:
+            mf = self.allocator.take(path, start, self.segment_size)
+        else:
+            mf = MappedFile(path, start, self.segment_size, create=True)
+        with self.lock:
+            self.files.append(mf)
+        return mf
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The segment holding logical ``offset``."""
+        files = self.files
+        if not files:
+            return None
+        first = files[0].start
+        i = (offset - first) // self.segment_size
+        if 0 <= i < len(files):
+            mf = files[i]
+            if mf.start <= offset < mf.end:
+                return mf
+        return None
+
+    def truncate(self, offset: int) -> int:
+        """Forget everything at and after ``offset``: later segments are deleted and the one
+        holding it is zeroed from there, so no stale record can reappear behind new ones.
+        Returns how many bytes of data were dropped."""
+        dropped = 0
+        with self.lock:
+            keep: list[MappedFile] = []
+            for mf in self.files:
+                if mf.start > offset or (mf.start == offset and keep):
+                    dropped += zero_tail(mf.mm, 0)
+                    mf.destroy()
+                    continue
+                pos = min(offset - mf.start, mf.size)
+                dropped += zero_tail(mf.mm, pos)
+                mf.wrote = pos
+                mf.flushed = min(mf.flushed, pos)
+                keep.append(mf)
+            self.files = keep
+        return dropped
+
+    def delete_first(self, count: int) -> list[MappedFile]:
+        """Remove the ``count`` oldest segments (expiry); never the last one."""
+        with self.lock:
+            count = min(count, max(len(self.files) - 1, 0))
+            gone, self.files = self.files[:count], self.files[count:]
+        for mf in gone:
+            mf.destroy()
+        return gone
+
+    def flush(self) -> None:
+        for mf in list(self.files):
+            if mf.wrote > mf.flushed:
+                mf.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            for mf in self.files:
+                mf.close()
+            self.files = []
+
+    def destroy(self) -> None:
+        with self.lock:
+            for mf in self.files:
+                mf.destroy()
+            self.files = []
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
+

@@ -1,0 +1,752 @@
+"""The default backend: RocketMQ's store (CommitLog + ConsumeQueue + IndexFile) on mmap.
+
+Directory layout (``root`` is the store directory)::
+
+    root/lock                                  flock held while open (one process per store)
+    root/abort                                 exists while open: found at start = crash
+    root/checkpoint                            see checkpoint.py
+    root/commitlog/<20-digit offset>           log segments, see evq.domain.record
+    root/consumequeue/<topic>/<queue>/<off>    see consume_queue.py
+    root/index/<yyyyMMddHHmmssSSS>             see index_file.py
+
+Appends copy each producer-encoded record into the current segment, patch the four broker
+fields in place and dispatch the ConsumeQueue and index entries from the facts the caller
+already knows (no parsing), all under the put lock.  Recovery and replication dispatch from
+the bytes instead (:meth:`MmapMessageLog._scan`); both paths produce the same projections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import struct
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import structlog
+
+from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.checkpoint import Checkpoint
+from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
+from evq.backends.mmapfile.flush import Flusher
+from evq.backends.mmapfile.index_file import IndexService
+from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
+from evq.domain import record as rec
+from evq.domain import sysflag as sf
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.log import (
+    AppendResult,
+    Dispatched,
+    DispatchCallback,
+    ExpiryReport,
+    GetStatus,
+    KeyQueryResult,
+    LogClosed,
+    LogLocked,
+    MessageLog,
+    PutStatus,
+    ReadResult,
+    ReplicationError,
+    TagFilter,
+)
+from evq.domain.message import decode_properties, host_bytes
+from evq.domain.record import TagsCodeFn, default_tags_code
+
+log = structlog.get_logger(__name__)
+
+_OFFSETS = rec.OFFSETS
+_STORE_V4 = rec.STORE_V4
+_BLANK = rec.BLANK
+_INT64 = rec.INT64
+_INT32 = rec.INT32
+_SYSFLAG = struct.Struct(">i")
+_NOT_CONSUMABLE = {sf.TRANSACTION_PREPARED_TYPE, sf.TRANSACTION_ROLLBACK_TYPE}
+_RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
+
+
+def _queue_dir_name(topic: str) -> str:
+    # Topic charsets allow '%' and '|'; quote anything a file system could dislike.
+    return urllib.parse.quote(topic, safe="%|-_")
+
+
+def _topic_of_dir(name: str) -> str:
+    return urllib.parse.unquote(name)
+
+
+class MmapMessageLog(MessageLog):
+    """Open (and recover) with :meth:`open`; see the module docstring for the layout."""
+
+    def __init__(
+        self,
+        root: Path,
+        config: StoreConfig,
+        clock: Clock,
+        tags_code_fn: TagsCodeFn,
+    ):
+        self.root = root
+        self.config = config
+        self._clock = clock
+        self._tags_code_fn = tags_code_fn
+        self._host = host_bytes(config.store_host)
+        self._max_record = min(config.max_message_size, config.commitlog_segment_size - 8)
+        self._put_lock = threading.RLock()
+        self._closed = False
+        self._last_store_ts = 0
+        self._subscribers: list[DispatchCallback] = []
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._dispatched = 0  # log offset up to which projections are applied
+        self._lock_fd = -1
+        self._allocator = Allocator(warm=config.warm_segments)
+        self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
+                                    self._allocator)
+        self._index = IndexService(root / "index", config.index_slots, config.index_entries)
+        self._checkpoint: Checkpoint | None = None
+        self._flusher: Flusher | None = None
+        self._cleaner: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- opening and recovery ------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        config: StoreConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        tags_code_fn: TagsCodeFn = default_tags_code,
+        background: bool = True,
+    ) -> MmapMessageLog:
+        """Open the store at ``root``, recovering after a crash if the abort marker is there.
+
+        ``background=False`` runs no cleaner thread (tests drive :meth:`expire` themselves).
+        """
+        self = cls(Path(root), config or StoreConfig(), clock, tags_code_fn)
+        try:
+            self._open(background)
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def _open(self, background: bool) -> None:
+        root = self.root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LogLocked(f"{root} is in use by another process") from None
+        abort = root / "abort"
+        abnormal = abort.exists()
+        self._checkpoint = Checkpoint(root / "checkpoint")
+        self._log.load()
+        self._load_consume_queues()
+        self._index.load()
+        started = time.monotonic()
+        end, cut = self._recover(abnormal)
+        log.info(
+            "store_recovered", path=str(root), abnormal=abnormal, log_end=end, cut_bytes=cut,
+            queues=len(self._cqs), seconds=round(time.monotonic() - started, 3),
+        )
+        abort.touch()
+        _fsync_dir(root)
+        last = self._log.last()
+        if last is None:
+            last = self._log.new_segment(0)
+        else:
+            self._allocator.prefetch(last)
+            if last.wrote < last.size:
+                self._allocator.warm(last)
+        self._flusher = Flusher(
+            self.config, written=lambda: self.max_physical_offset, flush_log=self._flush_log,
+            flush_projections=self._flush_projections, durable=self.max_physical_offset,
+        )
+        if background:
+            self._cleaner = threading.Thread(target=self._clean_loop, name="evq-clean",
+                                             daemon=True)
+            self._cleaner.start()
+
+    def _load_consume_queues(self) -> None:
+        base = self.root / "consumequeue"
+        if not base.is_dir():
+            return
+        for tdir in sorted(base.iterdir()):
+            for qdir in sorted(tdir.iterdir()):
+                if not qdir.name.isdigit():
+                    continue
+                cq = self._new_cq(_topic_of_dir(tdir.name), int(qdir.name))
+                cq.load()
+                cq.next_offset = cq.max_offset
+
+    def _new_cq(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = ConsumeQueue(
+            topic, queue_id,
+            self.root / "consumequeue" / _queue_dir_name(topic) / str(queue_id),
+            self.config.consume_queue_entries,
+        )
+        cq.next_offset = 0
+        self._cqs[(topic, queue_id)] = cq
+        return cq
+
+    def _recover(self, abnormal: bool) -> tuple[int, int]:
+        """Find the log end, cut what lies past it, and bring projections up to it.
+
+        Normal shutdown: CRC-check the last three segments.  Crash: re-check from the last
+        segment whose first record predates the checkpoint.  Either way projections are
+        re-dispatched from where the consume queues stop covering the log.
+        """
+        files = self._log.files
+        if not files:
+            for cq in self._cqs.values():
+                cq.truncate(0)
+                cq.next_offset = 0
+            self._index.truncate(0)
+            return 0, 0
+        if abnormal:
+            assert self._checkpoint is not None
+            floor = self._checkpoint.min_timestamp
+            start_i = 0
+            for i in range(len(files) - 1, -1, -1):
+                ts = self._first_store_ts(files[i])
+                if 0 <= ts <= floor:
+                    start_i = i
+                    break
+        else:
+            start_i = max(0, len(files) - _RECOVER_LAST_FILES)
+        covered = max((self._cq_coverage(cq) for cq in self._cqs.values()), default=0)
+        covered = max(covered, files[0].start)
+        dispatch_from = min(covered, files[start_i].start) if abnormal else covered
+        scan_from = min(files[start_i].start, dispatch_from)
+        for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
+            mf.wrote = mf.flushed = mf.size
+        end = self._scan(scan_from, dispatch_from=dispatch_from,
+                         check_crc=self.config.check_crc_on_recover)
+        cut = self._cut(end)
+        self._dispatched = end
+        return end, cut
+
+    def _first_store_ts(self, mf: MappedFile) -> int:
+        size, magic = rec.peek(mf.mm, 0)
+        if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
+            return -1
+        return self._store_ts_in(mf, 0)
+
+    @staticmethod
+    def _store_ts_in(mf: MappedFile, rel: int) -> int:
+        (flags,) = _SYSFLAG.unpack_from(mf.mm, rel + rec.SYSFLAG_AT)
+        return _INT64.unpack_from(mf.mm, rel + rec.store_timestamp_at(flags))[0]
+
+    def _cq_coverage(self, cq: ConsumeQueue) -> int:
+        """Log offset just past the last record this queue has an entry for."""
+        mx = cq.max_offset
+        if mx <= cq.min_offset:
+            return 0
+        e = cq.entry(mx - 1)
+        return e[0] + e[1] if e is not None and e[1] != BLANK_ENTRY_SIZE else 0
+
+    def _scan(self, start: int, *, dispatch_from: int, check_crc: bool) -> int:
+        """Validate records from ``start``; dispatch those at or past ``dispatch_from``.
+
+        Returns the offset of the first byte that is not a valid record: a short or zero
+        size, a wrong magic, a CRC mismatch, or a PHYSICALOFFSET field that disagrees with
+        the record's position (a torn write that never got its offsets patched).
+        """
+        pos = start
+        batch: list[Dispatched] = []
+        while True:
+            mf = self._log.find(pos)
+            if mf is None:
+                break
+            rel = pos - mf.start
+            size, magic = rec.peek(mf.mm, rel)
+            if magic == rec.BLANK_MAGIC and rel + size == mf.size:
+                pos = mf.end
+                continue
+            if size <= 0 or rel + size > mf.wrote:
+                break
+            try:
+                f = rec.read_fields(memoryview(mf.mm)[rel : rel + size], 0, check_crc=check_crc)
+            except rec.RecordError:
+                break
+            if not f.crc_ok or f.physical_offset != pos:
+                break
+            if pos >= dispatch_from:
+                d = self._dispatch_fields(f, pos)
+                if d is not None and self._subscribers:
+                    batch.append(d)
+            pos += size
+        if batch:
+            self._notify(batch)
+        return pos
+
+    def _dispatch_fields(self, f: rec.Fields, phys: int) -> Dispatched | None:
+        """Apply one parsed record to the projections (recovery and replication)."""
+        props = decode_properties(f.properties)
+        keys = rec.index_keys_of(props, f.sysflag)
+        if keys and phys > self._index.end_phys:
+            self._index.put(f.topic, keys, phys, f.store_timestamp)
+        if f.store_timestamp > self._last_store_ts:
+            self._last_store_ts = f.store_timestamp
+        if f.sysflag & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
+            return None
+        key = (f.topic, f.queue_id)
+        cq = self._cqs.get(key) or self._new_cq(*key)
+        tags = self._tags_code_fn(f.topic, props, f.store_timestamp)
+        cq.put(f.queue_offset, phys, f.size, tags)
+        if f.queue_offset >= cq.next_offset:
+            cq.next_offset = f.queue_offset + 1
+        return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
+                          f.store_timestamp, f.sysflag)
+
+    def _cut(self, end: int) -> int:
+        """Truncate the log and every projection at ``end``; returns the bytes dropped."""
+        dropped = self._log.truncate(end)
+        if dropped:
+            log.warning("commitlog_truncated", at=end, cut_bytes=dropped)
+        for cq in self._cqs.values():
+            cq.truncate_to_log(end)
+            cq.next_offset = cq.max_offset
+            cq.correct_min_offset(self._log.min_offset)
+        self._index.truncate(end)
+        return dropped
+
+    # --- writing -------------------------------------------------------------------------
+
+    def append(self, records: Sequence[rec.PutRecord]) -> list[AppendResult]:
+        results: list[AppendResult] = []
+        ok = PutStatus.PUT_OK
+        with self._put_lock:
+            if self._closed:
+                raise LogClosed("the log is closed")
+            now = self._clock.now_ms()
+            # Store times never go backwards, so offset-for-time can binary search a queue.
+            if now < self._last_store_ts:
+                now = self._last_store_ts
+            self._last_store_ts = now
+            mf = self._log.files[-1]
+            mm, start, pos, seg = mf.mm, mf.start, mf.wrote, mf.size
+            cqs, index, host = self._cqs, self._index, self._host
+            limit = self._max_record
+            notify: list[Dispatched] | None = [] if self._subscribers else None
+            for r in records:
+                data = r.data
+                n = len(data)
+                if n > limit or n < rec.MIN_RECORD_SIZE:
+                    results.append(AppendResult(PutStatus.MESSAGE_ILLEGAL))
+                    continue
+                if pos + n + 8 > seg:
+                    if pos + 8 <= seg:  # a log cut exactly at a segment end has no room
+                        _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
+                    mf.wrote = seg
+                    mf = self._log.new_segment(mf.end)
+                    mm, start, pos = mf.mm, mf.start, 0
+                phys = start + pos
+                mm[pos : pos + n] = data
+                flags = r.sysflag
+                if flags & 0xC in _NOT_CONSUMABLE:
+                    qo = 0
+                    cq = None
+                else:
+                    key = (r.topic, r.queue_id)
+                    cq = cqs.get(key) or self._new_cq(*key)
+                    qo = cq.next_offset
+                    cq.next_offset = qo + 1
+                _OFFSETS.pack_into(mm, pos + 20, qo, phys)
+                if flags & (sf.BORNHOST_V6 | sf.STOREHOST_V6):
+                    self._patch_store_fields(mm, pos, flags, now)
+                else:
+                    _STORE_V4.pack_into(mm, pos + 56, now, host)
+                pos += n
+                mf.wrote = pos
+                if cq is not None:
+                    cq.put(qo, phys, n, r.tags_code)
+                    if notify is not None:
+                        notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
+                                                 now, flags))
+                if r.keys:
+                    index.put(r.topic, r.keys, phys, now)
+                results.append(AppendResult(ok, phys, n, qo, now,
+                                            (host + phys.to_bytes(8, "big")).hex().upper()))
+            self._dispatched = start + pos
+            if notify:
+                self._notify(notify)
+        return results
+
+    def _patch_store_fields(self, mm: object, pos: int, flags: int, now: int) -> None:
+        at = pos + rec.store_timestamp_at(flags)
+        _INT64.pack_into(mm, at, now)
+        host = self._host
+        if flags & sf.STOREHOST_V6 and len(host) != 20:
+            raise ValueError("record declares an IPv6 store host but the store host is IPv4")
+        mm[at + 8 : at + 8 + len(host)] = host  # type: ignore[index]
+
+    def wait_durable(self, end_offset: int, timeout: float) -> bool:
+        return self._running_flusher().wait(end_offset, timeout)
+
+    def on_durable(self, end_offset: int, callback: Callable[[bool], None], timeout: float) -> None:
+        self._running_flusher().request(end_offset, callback, timeout)
+
+    def _running_flusher(self) -> Flusher:
+        if self._flusher is None:
+            raise LogClosed("the log is closed")
+        return self._flusher
+
+    def _flush_log(self, target: int) -> int:
+        """fdatasync every segment holding bytes below ``target``; returns the durable end."""
+        with self._put_lock:
+            files = list(self._log.files)
+        for mf in files:
+            if mf.flushed < mf.wrote and mf.start < target:
+                mf.flush()
+        durable = target
+        for mf in files:
+            if mf.flushed < mf.wrote:
+                durable = min(durable, mf.start + mf.flushed)
+                break
+        return durable
+
+    def _flush_projections(self) -> None:
+        with self._put_lock:
+            cqs = list(self._cqs.values())
+            last_ts = self._last_store_ts
+            durable = self._flusher.durable if self._flusher else 0
+        for cq in cqs:
+            cq.flush()
+        self._index.flush()
+        cp = self._checkpoint
+        if cp is not None:
+            cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
+            cp.physic_offset = durable
+            cp.save()
+
+    def flush(self) -> None:
+        target = self.max_physical_offset
+        flusher = self._running_flusher()
+        flusher.durable = max(flusher.durable, self._flush_log(target))
+        self._flush_projections()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 256 * 1024,
+        tag_filter: TagFilter | None = None,
+    ) -> ReadResult:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None or cq.next_offset == 0:
+            return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.next_offset
+        if offset < lo:
+            return ReadResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return ReadResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return ReadResult(GetStatus.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        log_min = self._log.min_offset
+        scan_limit = max(800, max_count)  # RocketMQ scans at most 16,000 CQ bytes per pull
+        records: list[memoryview] = []
+        qos: list[int] = []
+        total = 0
+        scanned = 0
+        last_phys = -1
+        qo = offset
+        chunk = max(max_count, 32)
+        while scanned < scan_limit and qo < hi:
+            entries = list(cq.entries(qo, min(chunk, scan_limit - scanned, hi - qo)))
+            chunk = scan_limit
+            if not entries:
+                break
+            for phys, size, tags in entries:
+                if len(records) >= max_count or (records and total + size > max_bytes):
+                    scanned = scan_limit
+                    break
+                qo += 1
+                scanned += 1
+                if size == BLANK_ENTRY_SIZE or phys < log_min:
+                    continue
+                last_phys = phys
+                if tag_filter is not None and not tag_filter(tags):
+                    continue
+                view = self._view(phys, size)
+                if view is None:
+                    continue
+                records.append(view)
+                qos.append(qo - 1)
+                total += size
+        if records:
+            status = GetStatus.FOUND
+        elif qo == offset:  # the ConsumeQueue segment for offset is gone: skip to the next
+            status = GetStatus.OFFSET_FOUND_NULL
+            per_file = self.config.consume_queue_entries
+            qo = min((offset // per_file + 1) * per_file, hi)
+        else:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return ReadResult(status, qo, lo, hi, records, qos, last_phys)
+
+    def _view(self, phys: int, size: int) -> memoryview | None:
+        mf = self._log.find(phys)
+        if mf is None:
+            return None
+        rel = phys - mf.start
+        if rel + size > mf.wrote:
+            return None
+        return memoryview(mf.mm)[rel : rel + size]
+
+    def lookup(self, physical_offset: int) -> memoryview | None:
+        mf = self._log.find(physical_offset)
+        if mf is None or physical_offset < self._log.min_offset:
+            return None
+        rel = physical_offset - mf.start
+        size, magic = rec.peek(mf.mm, rel)
+        if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
+            return None
+        if rel + size > mf.wrote:
+            return None
+        if _INT64.unpack_from(mf.mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
+            return None
+        return memoryview(mf.mm)[rel : rel + size]
+
+    def query_keys(
+        self, topic: str, key: str, max_count: int, begin_ms: int, end_ms: int
+    ) -> KeyQueryResult:
+        records: list[memoryview] = []
+        offsets: list[int] = []
+        log_end = self.max_physical_offset
+        # The index may hold more candidates than asked (hash collisions, other topics).
+        for phys in self._index.lookup(topic, key, begin_ms, end_ms, max_count * 4 + 16):
+            if len(records) >= max_count:
+                break
+            if phys >= log_end:
+                continue
+            view = self.lookup(phys)
+            if view is None:
+                continue
+            try:
+                f = rec.read_fields(view, 0, check_crc=False)
+            except rec.RecordError:
+                continue
+            if f.topic != topic or not begin_ms <= f.store_timestamp <= end_ms:
+                continue
+            if key not in rec.index_keys_of(decode_properties(f.properties), f.sysflag):
+                continue
+            records.append(view)
+            offsets.append(phys)
+        ts, phys_last = self._index.last_update
+        return KeyQueryResult(records, offsets, ts, phys_last)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return 0
+        return cq.offset_for_time(timestamp_ms, self._store_ts_at_phys)
+
+    def _store_ts_at_phys(self, phys: int) -> int:
+        mf = self._log.find(phys)
+        if mf is None or phys < self._log.min_offset:
+            return -1
+        return self._store_ts_in(mf, phys - mf.start)
+
+    def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None or not cq.min_offset <= offset < cq.next_offset:
+            return -1
+        e = cq.entry(offset)
+        if e is None or e[1] == BLANK_ENTRY_SIZE:
+            return -1
+        return self._store_ts_at_phys(e[0])
+
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        cq = self._cqs.get((topic, queue_id))
+        return (cq.min_offset, cq.next_offset) if cq is not None else (0, 0)
+
+    def queues(self) -> dict[tuple[str, int], int]:
+        with self._put_lock:
+            return {k: cq.next_offset for k, cq in self._cqs.items()}
+
+    # --- raw log -------------------------------------------------------------------------
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self._log.min_offset
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self._log.max_offset
+
+    @property
+    def durable_offset(self) -> int:
+        return self._flusher.durable if self._flusher else self.max_physical_offset
+
+    def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
+        mf = self._log.find(physical_offset)
+        if mf is None:
+            return b""
+        rel = physical_offset - mf.start
+        return mf.mm[rel : min(mf.wrote, rel + max_bytes)]
+
+    def append_replicated(self, physical_offset: int, data: bytes | memoryview) -> int:
+        with self._put_lock:
+            if self._closed:
+                raise LogClosed("the log is closed")
+            end = self.max_physical_offset
+            if physical_offset != end:
+                raise ReplicationError(
+                    f"replicated bytes start at {physical_offset}, this log ends at {end}"
+                )
+            view = memoryview(data)
+            while view:
+                mf = self._log.files[-1]
+                if mf.wrote == mf.size:
+                    mf = self._log.new_segment(mf.end)
+                n = min(len(view), mf.size - mf.wrote)
+                mf.mm[mf.wrote : mf.wrote + n] = view[:n]
+                mf.wrote += n
+                view = view[n:]
+            new_end = self.max_physical_offset
+            reached = self._scan(self._dispatched, dispatch_from=self._dispatched, check_crc=True)
+            # Records may be split across transfers: an incomplete tail waits for the rest.
+            if reached < new_end and not self._incomplete_tail(reached, new_end):
+                self._cut(reached)
+                raise ReplicationError(f"replicated bytes hold a broken record at {reached}")
+            self._dispatched = reached
+            return new_end
+
+    def _incomplete_tail(self, pos: int, end: int) -> bool:
+        mf = self._log.find(pos)
+        if mf is None:
+            return True
+        rel = pos - mf.start
+        if end - pos < 8:
+            return True
+        size, magic = rec.peek(mf.mm, rel)
+        return magic in (rec.MAGIC_V1, rec.MAGIC_V2) and size > end - pos
+
+    def truncate(self, physical_offset: int) -> None:
+        with self._put_lock:
+            if physical_offset >= self.max_physical_offset:
+                return
+            self._cut(physical_offset)
+            self._dispatched = min(self._dispatched, physical_offset)
+            if self._flusher is not None:
+                self._flusher.durable = min(self._flusher.durable, physical_offset)
+            if not self._log.files:
+                self._log.new_segment(physical_offset - physical_offset %
+                                      self.config.commitlog_segment_size)
+
+    # --- projections, expiry, lifecycle ---------------------------------------------------
+
+    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
+        with self._put_lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._put_lock, contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _notify(self, batch: list[Dispatched]) -> None:
+        for cb in list(self._subscribers):
+            try:
+                cb(batch)
+            except Exception:
+                log.exception("dispatch_subscriber_failed")
+
+    def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
+        now = self._clock.now_ms() if now_ms is None else now_ms
+        keep_ms = self.config.file_reserved_hours * 3600 * 1000
+        with self._put_lock:
+            files = self._log.files
+            count = 0
+            # A segment's newest record is older than the next segment's first one.
+            for i in range(len(files) - 1):
+                if files[i + 1].start > self._dispatched:
+                    break  # never delete bytes a projection has not applied
+                ts = self._first_store_ts(files[i + 1])
+                if ts < 0 or ts + keep_ms > now:
+                    break
+                count += 1
+            if force and count < len(files) - 1 and files[count + 1].start <= self._dispatched:
+                count += 1
+            gone = self._log.delete_first(count)
+            log_min = self._log.min_offset
+            for cq in self._cqs.values():
+                cq.delete_expired(log_min)
+            self._index.delete_expired(log_min)
+        deleted = sum(mf.size for mf in gone)
+        if gone:
+            log.info("commitlog_expired", segments=[segment_name(mf.start) for mf in gone],
+                     bytes=deleted, min_offset=log_min)
+        return ExpiryReport(len(gone), deleted, log_min)
+
+    def disk_used_ratio(self) -> float:
+        usage = shutil.disk_usage(self.root)
+        return usage.used / usage.total if usage.total else 0.0
+
+    def clean_due(self, now_ms: int, disk_ratio: float) -> tuple[bool, bool]:
+        """(clean now, force): RocketMQ deletes expired files at ``deleteWhen`` hours or when
+        disk use passes the high watermark, and the oldest files even unexpired past the
+        forcible-clean ratio."""
+        hour = time.localtime(now_ms / 1000).tm_hour
+        force = disk_ratio >= self.config.disk_force_clean_ratio
+        due = force or disk_ratio >= self.config.disk_max_used_ratio or (
+            hour in self.config.delete_hours()
+        )
+        return due, force
+
+    def _clean_loop(self) -> None:
+        while not self._stop.wait(self.config.clean_interval_s):
+            try:
+                due, force = self.clean_due(self._clock.now_ms(), self.disk_used_ratio())
+                if due:
+                    self.expire(force=force)
+            except Exception:
+                log.exception("clean_failed")
+
+    def close(self) -> None:
+        with self._put_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._cleaner is not None:
+            self._cleaner.join()
+        if self._flusher is not None:
+            self._flusher.close()
+            self._flush_projections()
+            self._flusher = None
+        end = self.max_physical_offset
+        self._release()
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / "abort").unlink()
+        log.info("store_closed", path=str(self.root), log_end=end)
+
+    def _release(self) -> None:
+        self._allocator.close()
+        for cq in self._cqs.values():
+            cq.close()
+        self._index.close()
+        self._log.close()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = -1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

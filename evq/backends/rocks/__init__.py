@@ -1,0 +1,1 @@
+"""RocksDB backend of the MessageLog port (see the backends issue)."""

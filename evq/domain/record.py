@@ -1,0 +1,405 @@
+"""RocketMQ's stored-message record: the one binary form a message has in evq.
+
+The producer side encodes a message once into this layout; the log patches the fields the broker
+owns (queue offset, physical offset, store time, store host) in place and serves pulls with the
+same bytes.  All integers are big-endian.  IPv4 hosts (the v1 layout every client reads)::
+
+    offset  size  field
+    ------  ----  ---------------------------------------------------------------
+         0     4  TOTALSIZE            whole record, this field included
+         4     4  MAGICCODE            0xDAA320A7 (v1); 0xCBD43194 marks BLANK padding
+         8     4  BODYCRC              crc32(stored body) & 0x7FFFFFFF
+        12     4  QUEUEID
+        16     4  FLAG                 the producer's user flag
+        20     8  QUEUEOFFSET          dense offset in the (topic, queue)   <- patched
+        28     8  PHYSICALOFFSET       byte position in the log             <- patched
+        36     4  SYSFLAG              see evq.domain.sysflag
+        40     8  BORNTIMESTAMP        producer ms
+        48     8  BORNHOST             4 address bytes + 4-byte port (20 with BORNHOST_V6)
+        56     8  STORETIMESTAMP       broker ms                             <- patched
+        64     8  STOREHOSTADDRESS     4 + 4 (20 with STOREHOST_V6)          <- patched
+        72     4  RECONSUMETIMES
+        76     8  PREPARED TRANSACTION OFFSET
+        84   4+B  BODY                 int32 length, then the (maybe zlib) body
+    88+B   1+T  TOPIC                signed-byte length (max 127), UTF-8
+  89+B+T   2+P  PROPERTIES           signed int16 length (max 32767), UTF-8 (see message.py)
+
+A BLANK record is only its first 8 bytes: TOTALSIZE = the rest of the segment, BLANK magic.
+
+Batch bodies sent by producers (``batch=true``) use a shorter inner form, one per message::
+
+    0  4  TOTALSIZE = 20 + B + 2 + P
+    4  4  MAGICCODE (0 from clients)
+    8  4  BODYCRC (0; the broker computes it)
+   12  4  FLAG
+   16 4+B BODY length + body
+   .. 2+P PROPERTIES length (int16) + properties
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import attrs
+
+from evq.domain import sysflag as sf
+from evq.domain.hashing import tags_code
+from evq.domain.message import (
+    NO_HOST,
+    Host,
+    Message,
+    Prop,
+    decode_properties,
+    encode_properties,
+    host_bytes,
+    is_ipv6,
+    split_keys,
+)
+
+MAGIC_V1 = -626843481  # 0xDAA320A7
+MAGIC_V2 = -626843477  # 0xDAA320AB (5.x, two-byte topic length); decoded, never written
+BLANK_MAGIC = -875286124  # 0xCBD43194
+
+MAX_TOPIC_BYTES = 127
+MAX_PROPERTIES_BYTES = 32767
+BLANK_SIZE = 8
+MIN_RECORD_SIZE = 91
+
+QUEUE_OFFSET_AT = 20
+PHYSICAL_OFFSET_AT = 28
+SYSFLAG_AT = 36
+BORN_HOST_AT = 48
+
+# Whole fixed part up to and including the body length, IPv4 born and store hosts.
+HEADER_V4 = struct.Struct(">iiiiiqqiq8sq8siqi")
+HEADER_V4_SIZE = HEADER_V4.size  # 88
+PREFIX = struct.Struct(">iiiiiqqiq")  # up to BORNHOST, any host width
+SIZE_MAGIC = struct.Struct(">ii")
+OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET
+STORE_V4 = struct.Struct(">q8s")  # STORETIMESTAMP, STOREHOSTADDRESS (IPv4)
+INT32 = struct.Struct(">i")
+INT64 = struct.Struct(">q")
+INT16 = struct.Struct(">h")
+BLANK = struct.Struct(">ii")
+BATCH_HEAD = struct.Struct(">iiiii")
+
+
+class RecordError(ValueError):
+    """Bytes that are not a well-formed record (bad length, magic, CRC or field)."""
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def store_timestamp_at(sysflag: int) -> int:
+    """Where STORETIMESTAMP sits: after an 8- or 20-byte born host."""
+    return 68 if sysflag & sf.BORNHOST_V6 else 56
+
+
+def _host_len(sysflag: int, bit: int) -> int:
+    return 20 if sysflag & bit else 8
+
+
+def _host_from(raw: bytes | memoryview) -> Host:
+    import ipaddress
+
+    addr = ipaddress.ip_address(bytes(raw[:-4]))
+    return (str(addr), int.from_bytes(raw[-4:], "big"))
+
+
+def encode(m: Message) -> bytearray:
+    """The full stored record of ``m`` (BODYCRC computed here, once)."""
+    topic = m.topic.encode()
+    props = encode_properties(m.properties).encode()
+    if not 0 < len(topic) <= MAX_TOPIC_BYTES:
+        raise RecordError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(topic)}")
+    if len(props) > MAX_PROPERTIES_BYTES:
+        raise RecordError(f"properties are {len(props)} bytes, limit {MAX_PROPERTIES_BYTES}")
+    flags = m.sysflag & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)
+    if is_ipv6(m.born_host):
+        flags |= sf.BORNHOST_V6
+    if is_ipv6(m.store_host):
+        flags |= sf.STOREHOST_V6
+    body = m.body
+    crc = body_crc(body)
+    born, store = host_bytes(m.born_host), host_bytes(m.store_host)
+    size = 84 + len(born) + len(store) - 16 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
+    out = bytearray(size)
+    PREFIX.pack_into(
+        out, 0, size, MAGIC_V1, crc, m.queue_id, m.flag, m.queue_offset,
+        m.commit_log_offset, flags, m.born_timestamp,
+    )
+    pos = BORN_HOST_AT
+    out[pos : pos + len(born)] = born
+    pos += len(born)
+    INT64.pack_into(out, pos, m.store_timestamp)
+    pos += 8
+    out[pos : pos + len(store)] = store
+    pos += len(store)
+    struct.pack_into(">iqi", out, pos, m.reconsume_times, m.prepared_transaction_offset, len(body))
+    pos += 16
+    out[pos : pos + len(body)] = body
+    pos += len(body)
+    out[pos] = len(topic)
+    out[pos + 1 : pos + 1 + len(topic)] = topic
+    pos += 1 + len(topic)
+    INT16.pack_into(out, pos, len(props))
+    out[pos + 2 :] = props
+    return out
+
+
+@attrs.frozen(slots=True)
+class Fields:
+    """What the log needs to know about a record without decoding its body."""
+
+    size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sysflag: int
+    store_timestamp: int
+    topic: str
+    properties: str
+    crc_ok: bool
+
+
+def read_fields(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: bool) -> Fields:
+    """Parse the header, topic and properties of the record at ``pos``; bodies are skipped.
+
+    Raises :class:`RecordError` for anything that is not a complete, valid record.  A BLANK
+    record is the caller's business (see :func:`peek`).
+    """
+    end = len(buf)
+    if pos < 0 or pos + MIN_RECORD_SIZE > end:
+        raise RecordError("truncated record header")
+    size, magic, crc, qid, _flag, qoff, phys, flags, _born = PREFIX.unpack_from(buf, pos)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise RecordError(f"bad magic {magic & 0xFFFFFFFF:#x}")
+    if size < MIN_RECORD_SIZE or pos + size > end:
+        raise RecordError(f"bad total size {size}")
+    rec_end = pos + size
+    tlen_len = 1 if magic == MAGIC_V1 else 2
+    p = pos + BORN_HOST_AT + _host_len(flags, sf.BORNHOST_V6)
+    if p + 8 + _host_len(flags, sf.STOREHOST_V6) + 16 + tlen_len + 2 > rec_end:
+        raise RecordError(f"total size {size} too small for the record header")
+    (store_ts,) = INT64.unpack_from(buf, p)
+    p += 8 + _host_len(flags, sf.STOREHOST_V6) + 12
+    (blen,) = INT32.unpack_from(buf, p)
+    p += 4
+    if blen < 0 or p + blen + tlen_len + 2 > rec_end:
+        raise RecordError(f"bad body length {blen}")
+    ok = True
+    if check_crc:
+        ok = body_crc(memoryview(buf)[p : p + blen]) == crc
+    p += blen
+    if magic == MAGIC_V1:
+        tlen = buf[p]
+        p += 1
+    else:
+        (tlen,) = INT16.unpack_from(buf, p)
+        p += 2
+    if tlen <= 0 or p + tlen + 2 > rec_end:
+        raise RecordError(f"bad topic length {tlen}")
+    topic_raw = bytes(buf[p : p + tlen])
+    p += tlen
+    (plen,) = INT16.unpack_from(buf, p)
+    p += 2
+    if plen < 0 or p + plen != rec_end:
+        raise RecordError("record fields do not add up to its total size")
+    try:
+        topic = topic_raw.decode()
+        props = bytes(buf[p : p + plen]).decode()
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"undecodable topic or properties: {exc}") from None
+    return Fields(size, qid, qoff, phys, flags, store_ts, topic, props, ok)
+
+
+def decode(buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True) -> Message:
+    """The full message stored at ``pos`` (the body stays as stored; see Message.payload).
+
+    Raises :class:`RecordError` for anything that is not a complete, valid record.
+    """
+    fields = read_fields(buf, pos, check_crc=False)  # validates the layout before any read
+    _size, _magic, crc, qid, flag, qoff, phys, flags, born_ts = PREFIX.unpack_from(buf, pos)
+    p = pos + BORN_HOST_AT
+    blen_host = _host_len(flags, sf.BORNHOST_V6)
+    born = _host_from(memoryview(buf)[p : p + blen_host])
+    p += blen_host
+    (store_ts,) = INT64.unpack_from(buf, p)
+    p += 8
+    slen_host = _host_len(flags, sf.STOREHOST_V6)
+    store = _host_from(memoryview(buf)[p : p + slen_host])
+    p += slen_host
+    reconsume, prepared, blen = struct.unpack_from(">iqi", buf, p)
+    p += 16
+    body = bytes(buf[p : p + blen])
+    p += blen
+    if check_crc and body_crc(body) != crc:
+        raise RecordError(f"body CRC mismatch at {pos}")
+    props = decode_properties(fields.properties)
+    return Message(
+        topic=fields.topic, body=body, flag=flag, properties=props, queue_id=qid,
+        sysflag=flags & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6), born_timestamp=born_ts,
+        born_host=born, store_timestamp=store_ts, store_host=store, reconsume_times=reconsume,
+        prepared_transaction_offset=prepared, queue_offset=qoff, commit_log_offset=phys,
+        body_crc=crc,
+    )
+
+
+def iter_records(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Iterator[Message]:
+    """Decode back-to-back records, as a pull response body or query answer carries them."""
+    pos = 0
+    while pos < len(buf):
+        m = decode(buf, pos, check_crc=check_crc)
+        yield m
+        (size,) = INT32.unpack_from(buf, pos)
+        pos += size
+
+
+def encode_blank(size: int) -> bytes:
+    return BLANK.pack(size, BLANK_MAGIC)
+
+
+def peek(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """``(total size, magic)`` at ``pos``; ``(0, 0)`` when fewer than 8 bytes remain."""
+    if pos + 8 > len(buf):
+        return 0, 0
+    return SIZE_MAGIC.unpack_from(buf, pos)
+
+
+# --- message ids -------------------------------------------------------------------------
+
+
+def offset_msg_id(store_host: Host | bytes, physical_offset: int) -> str:
+    """RocketMQ's offsetMsgId: store host bytes + 8-byte physical offset, uppercase hex."""
+    raw = store_host if isinstance(store_host, bytes) else host_bytes(store_host)
+    return (raw + physical_offset.to_bytes(8, "big")).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[Host, int]:
+    """Inverse of :func:`offset_msg_id`; 32 hex chars are IPv4, 56 IPv6."""
+    if len(msg_id) not in (32, 56):
+        raise ValueError(f"an offset msgId has 32 or 56 hex characters, got {len(msg_id)}")
+    raw = bytes.fromhex(msg_id)
+    return _host_from(raw[:-8]), int.from_bytes(raw[-8:], "big")
+
+
+# --- what the log appends ----------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class PutRecord:
+    """One encoded record ready for :meth:`evq.domain.log.MessageLog.append`.
+
+    The broker knows the routing facts when it encodes, so it hands them over instead of making
+    the log parse its own bytes on the hot path; recovery and replication re-derive the same
+    facts from the bytes with :func:`read_fields`.
+    """
+
+    data: bytes | bytearray
+    topic: str
+    queue_id: int
+    sysflag: int
+    tags_code: int
+    keys: tuple[str, ...]
+
+
+TagsCodeFn = Callable[[str, Mapping[str, str], int], int]
+"""``(topic, properties, store_timestamp) -> tags code`` for the ConsumeQueue entry."""
+
+
+def default_tags_code(topic: str, properties: Mapping[str, str], store_timestamp: int) -> int:
+    return tags_code(properties.get(Prop.TAGS))
+
+
+def put_record(m: Message, *, tags_code_fn: TagsCodeFn = default_tags_code) -> PutRecord:
+    """Encode ``m`` once, with the facts the log indexes it by."""
+    return PutRecord(
+        data=encode(m),
+        topic=m.topic,
+        queue_id=m.queue_id,
+        sysflag=m.sysflag,
+        tags_code=tags_code_fn(m.topic, m.properties, m.store_timestamp),
+        keys=m.index_keys() if m.sysflag & sf.TRANSACTION_MASK != sf.TRANSACTION_ROLLBACK_TYPE
+        else (),
+    )
+
+
+def index_keys_of(properties: Mapping[str, str], sysflag: int) -> tuple[str, ...]:
+    """The keys the index holds for a record, derived from its properties (recovery path)."""
+    if sysflag & sf.TRANSACTION_MASK == sf.TRANSACTION_ROLLBACK_TYPE:
+        return ()
+    uniq = properties.get(Prop.UNIQ_KEY)
+    words = split_keys(properties.get(Prop.KEYS))
+    return (uniq, *words) if uniq else tuple(words)
+
+
+# --- batches -----------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class BatchEntry:
+    flag: int
+    body: bytes
+    properties: dict[str, str]
+
+
+def encode_batch(messages: Iterable[Message]) -> bytes:
+    """The ``batch=true`` request body a producer sends."""
+    out = bytearray()
+    for m in messages:
+        props = encode_properties(m.properties).encode()
+        size = 20 + len(m.body) + 2 + len(props)
+        out += BATCH_HEAD.pack(size, 0, 0, m.flag, len(m.body))
+        out += m.body
+        out += INT16.pack(len(props))
+        out += props
+    return bytes(out)
+
+
+def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
+    """Split a batch body; malformed input raises :class:`RecordError`."""
+    entries: list[BatchEntry] = []
+    pos, end = 0, len(body)
+    while pos < end:
+        if pos + 22 > end:
+            raise RecordError(f"truncated batch entry at {pos}")
+        size, _magic, _crc, flag, blen = BATCH_HEAD.unpack_from(body, pos)
+        if blen < 0 or size < 22 + blen or pos + size > end:
+            raise RecordError(f"bad batch entry sizes at {pos}")
+        b = bytes(body[pos + 20 : pos + 20 + blen])
+        (plen,) = INT16.unpack_from(body, pos + 20 + blen)
+        if plen < 0 or 22 + blen + plen != size:
+            raise RecordError(f"bad batch properties length at {pos}")
+        p = pos + 22 + blen
+        try:
+            props = decode_properties(bytes(body[p : p + plen]).decode())
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"undecodable batch properties at {pos}: {exc}") from None
+        entries.append(BatchEntry(flag, b, props))
+        pos += size
+    return entries
+
+
+__all__ = [
+    "BLANK_MAGIC",
+    "MAGIC_V1",
+    "NO_HOST",
+    "BatchEntry",
+    "Fields",
+    "PutRecord",
+    "RecordError",
+    "body_crc",
+    "decode",
+    "decode_batch",
+    "encode",
+    "encode_batch",
+    "iter_records",
+    "offset_msg_id",
+    "parse_offset_msg_id",
+    "put_record",
+    "read_fields",
+]

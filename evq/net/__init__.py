@@ -1,0 +1,1 @@
+"""RocketMQ remoting protocol, name server, broker server and the evq client."""
