@@ -1,7 +1,11 @@
-"""Shared fixtures.
+"""Shared fixtures and Hypothesis profiles.
 
 ``open_log`` is the seam the backend conformance suite parametrizes: store tests ask it for a
 log and never name a backend class themselves.
+
+Hypothesis profile by ``EVQ_HYPOTHESIS_PROFILE`` (default ``dev``; ``ci`` when CI is set):
+``fast`` 20 examples for an edit-test loop, ``dev`` 100, ``ci`` 100 derandomized so a failure
+reproduces from the same seed, ``thorough`` 2000 for hunting codec bugs by hand.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from evq.backends.registry import open_log as open_backend
 from evq.domain.clock import Clock, ManualClock
 from evq.domain.log import MessageLog
 
-settings.register_profile(
-    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
+_base = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fast", _base, max_examples=20)
+settings.register_profile("dev", _base, max_examples=100)
+settings.register_profile("ci", _base, max_examples=100, derandomize=True, print_blob=True)
+settings.register_profile("thorough", _base, max_examples=2000)
+settings.load_profile(
+    os.environ.get("EVQ_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
-settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=60)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 # Small segments so that tests cross segment boundaries with a few hundred messages.
 SMALL = StoreConfig(
@@ -54,7 +61,9 @@ def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenL
     opened is closed at teardown."""
     opened: list[MessageLog] = []
 
-    def _open(path: Path | None = None, clock_: Clock | None = None, **overrides: object) -> MessageLog:
+    def _open(
+        path: Path | None = None, clock_: Clock | None = None, **overrides: object
+    ) -> MessageLog:
         cfg = attrs.evolve(SMALL, **overrides)
         log = open_backend(backend, path or tmp_path / "store", cfg, clock=clock_ or clock,
                            background=False)

@@ -1,8 +1,8 @@
-"""Java ``String.hashCode`` as RocketMQ uses it for tag codes and index keys.
+"""Hashes the store writes: Java ``String.hashCode`` for tag codes, CRC-32 for index keys.
 
-ConsumeQueue entries store ``TAGS.hashCode()`` and IndexFile entries ``abs(key.hashCode())``;
-Java clients compute the same values for their subscriptions, so the arithmetic must match
-Java's exactly: ``h = 31*h + c`` over UTF-16 code units, wrapping at 32 bits, signed.
+ConsumeQueue entries store ``TAGS.hashCode()``, and Java clients send the same values for
+their subscriptions, so the arithmetic must match Java's exactly: ``h = 31*h + c`` over UTF-16
+code units, wrapping at 32 bits, signed.
 
 The pure loop costs about 100 ns a character in CPython; the broker hashes a 32-character
 UNIQ_KEY per message, so the sum is done with ``map`` over a table of powers of 31 instead.
@@ -11,6 +11,7 @@ UNIQ_KEY per message, so the sum is done with ``map`` over a table of powers of 
 from __future__ import annotations
 
 import sys
+import zlib
 from functools import lru_cache
 from operator import mul
 
@@ -26,7 +27,7 @@ _UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 def _code_units(s: str) -> bytes | memoryview:
     if s.isascii():
         return s.encode("ascii")
-    return memoryview(s.encode(_UTF16)).cast("H")
+    return memoryview(s.encode(_UTF16, "surrogatepass")).cast("H")  # Java hashes lone halves
 
 
 def java_hash_unsigned(s: str) -> int:
@@ -58,7 +59,19 @@ def tags_code(tags: str | None) -> int:
     return java_hash(tags)
 
 
+@lru_cache(maxsize=4096)
+def index_topic_seed(topic: str) -> int:
+    """CRC-32 of ``topic#``: the running CRC :func:`index_key_hash` continues from."""
+    return zlib.crc32(f"{topic}#".encode())
+
+
 def index_key_hash(topic: str, key: str) -> int:
-    """IndexFile key hash: ``abs(("topic#key").hashCode())``, 0 when that overflows."""
-    h = java_hash(f"{topic}#{key}")
-    return 0 if h == -(1 << 31) else abs(h)
+    """IndexFile key hash of ``topic#key``: CRC-32 of its UTF-8, masked to 31 bits.
+
+    RocketMQ uses ``abs(("topic#key").hashCode())`` here.  The IndexFile is private to the
+    store (clients only ever see the records a query returns), and the Java hash costs about
+    5 us a key in CPython against 0.25 us for zlib's CRC, with two keys per message on the
+    append path; the layout, slots and chains are RocketMQ's.  The append path continues the
+    CRC from :func:`index_topic_seed` itself, which gives the same value.
+    """
+    return zlib.crc32(key.encode(), index_topic_seed(topic)) & 0x7FFFFFFF

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from evq.domain.record import PutRecord
+from evq.domain.record import PutRecord, offset_msg_id
 
 
 class PutStatus(enum.Enum):
@@ -74,19 +74,27 @@ class ReplicationError(LogError):
     """Replicated bytes that do not continue this log (wrong offset, broken record)."""
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class AppendResult:
+    """Where a record landed.  Not frozen: one is built per appended message, and attrs'
+    frozen initializer costs several times a plain one on that path."""
+
     status: PutStatus
     physical_offset: int = -1
     size: int = 0
     queue_offset: int = -1
     store_timestamp: int = 0
-    msg_id: str = ""
+    store_host: bytes = b""
 
     @property
     def end_offset(self) -> int:
         """The log offset durability waits for: just past this record."""
         return self.physical_offset + self.size
+
+    @property
+    def msg_id(self) -> str:
+        """The offset msgId: store host and physical offset, uppercase hex."""
+        return offset_msg_id(self.store_host, self.physical_offset) if self.store_host else ""
 
 
 @attrs.frozen(slots=True)

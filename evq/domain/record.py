@@ -51,6 +51,7 @@ from evq.domain.message import (
     Host,
     Message,
     Prop,
+    PropertyError,
     decode_properties,
     encode_properties,
     host_bytes,
@@ -111,7 +112,19 @@ def _host_from(raw: bytes | memoryview) -> Host:
 
 
 def encode(m: Message) -> bytearray:
-    """The full stored record of ``m`` (BODYCRC computed here, once)."""
+    """The full stored record of ``m`` (BODYCRC computed here, once).
+
+    Any field that does not fit the layout raises :class:`RecordError`.
+    """
+    try:
+        return _encode(m)
+    except (struct.error, OverflowError, UnicodeEncodeError, ValueError) as exc:
+        if isinstance(exc, RecordError | PropertyError):
+            raise
+        raise RecordError(f"message cannot be encoded: {exc}") from None
+
+
+def _encode(m: Message) -> bytearray:
     topic = m.topic.encode()
     props = encode_properties(m.properties).encode()
     if not 0 < len(topic) <= MAX_TOPIC_BYTES:

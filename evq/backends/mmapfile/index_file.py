@@ -12,7 +12,8 @@ Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout
     +---------------------------------------------------------------------------------+
 
 Entry *i* sits at ``40 + 4 * N + 20 * i``; ``prev`` chains entries of one bucket, newest
-first.  The header is rewritten with every put, in the same mapping, so a killed process
+first.  keyHash is :func:`evq.domain.hashing.index_key_hash` (CRC-32 where RocketMQ uses the
+Java string hash; see there why).  The header is rewritten with every put, in the same mapping, so a killed process
 leaves it consistent with the entries; recovery re-dispatch skips offsets below endPhyOffset.
 """
 
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import struct
 import time
+from zlib import crc32
 from pathlib import Path
 
 from evq.backends.mmapfile.mapped_file import MappedFile, prefault
-from evq.domain.hashing import index_key_hash
+from evq.domain.hashing import index_key_hash, index_topic_seed
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
@@ -87,29 +89,47 @@ class IndexFile:
             slot_value = ENTRY.unpack_from(mm, base + slot_value * ENTRY_SIZE)[3]
         return max(slot_value, 0)
 
-    def put(self, topic: str, keys: tuple[str, ...], phys: int, store_ts: int) -> int:
-        """Index ``keys`` of one record; returns how many fit (the rest go to the next file)."""
+    def put(self, items: list[tuple[str, tuple[str, ...], int]], store_ts: int) -> int:
+        """Index ``(topic, keys, log offset)`` items stored at ``store_ts``; returns how many
+        items were indexed completely (the caller moves the rest to a new file).
+
+        This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
+        appended batch, so the loop keeps everything in locals.
+        """
         mm = self.file.mm
         slots = self.slots
+        max_entries = self.max_entries
         base = HEADER_SIZE + slots * 4
-        if self.count == 1:
-            self.begin_ts, self.begin_phys = store_ts, phys
-        diff = min(max((store_ts - self.begin_ts) // 1000, 0), MAX_TIME_DIFF)
+        count = self.count
+        if count == 1:
+            self.begin_ts, self.begin_phys = store_ts, items[0][2]
+        diff = (store_ts - self.begin_ts) // 1000
+        if not 0 <= diff <= MAX_TIME_DIFF:
+            diff = 0 if diff < 0 else MAX_TIME_DIFF
+        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
         done = 0
-        for key in keys:
-            if self.count >= self.max_entries:
+        used = 0
+        for topic, keys, phys in items:
+            if count + len(keys) > max_entries:
                 break
-            h = index_key_hash(topic, key)
-            slot_pos = HEADER_SIZE + (h % slots) * 4
-            head = self._head(SLOT.unpack_from(mm, slot_pos)[0])
-            ENTRY.pack_into(mm, base + self.count * ENTRY_SIZE, h, phys, diff, head)
-            SLOT.pack_into(mm, slot_pos, self.count)
-            if head == 0:
-                self.slots_used += 1
-            self.count += 1
+            seed = index_topic_seed(topic)
+            for key in keys:
+                h = crc32(key.encode(), seed) & 0x7FFFFFFF  # == index_key_hash(topic, key)
+                slot_pos = HEADER_SIZE + (h % slots) * 4
+                (head,) = unpack_slot(mm, slot_pos)
+                if head >= count or head < 0:
+                    head = self._head(head)
+                pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
+                pack_slot(mm, slot_pos, count)
+                if head == 0:
+                    used += 1
+                count += 1
             done += 1
+            self.end_phys = phys
         if done:
-            self.end_ts, self.end_phys = store_ts, phys
+            self.count = count
+            self.slots_used += used
+            self.end_ts = store_ts
             self._write_header()
         return done
 
@@ -134,6 +154,33 @@ class IndexFile:
             i = prev
             seen += 1
         return out
+
+    def truncate(self, log_end: int) -> None:
+        """Forget the entries for log offsets at or past ``log_end`` (entries are written in
+        log order, so they are a suffix) and unhook them from their slots."""
+        mm = self.file.mm
+        base = HEADER_SIZE + self.slots * 4
+        old = count = self.count
+        while count > 1 and ENTRY.unpack_from(mm, base + (count - 1) * ENTRY_SIZE)[1] >= log_end:
+            count -= 1
+        if count == old:
+            return
+        self.count = count  # _head now follows chains below the new count
+        for i in range(count, old):
+            h = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)[0]
+            slot_pos = HEADER_SIZE + (h % self.slots) * 4
+            (head,) = SLOT.unpack_from(mm, slot_pos)
+            if head >= count:
+                head = self._head(head)
+                SLOT.pack_into(mm, slot_pos, head)
+                if head == 0:
+                    self.slots_used -= 1
+        if count > 1:
+            _, self.end_phys, diff, _ = ENTRY.unpack_from(mm, base + (count - 1) * ENTRY_SIZE)
+            self.end_ts = self.begin_ts + diff * 1000  # whole seconds: never later than it was
+        else:
+            self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
+        self._write_header()
 
     def flush(self) -> None:
         self.file.flush()
@@ -165,13 +212,14 @@ class IndexService:
         """Log offset of the newest indexed record; re-dispatch skips what lies below."""
         return self.files[-1].end_phys if self.files and self.files[-1].count > 1 else -1
 
-    def put(self, topic: str, keys: tuple[str, ...], phys: int, store_ts: int) -> None:
-        while keys:
+    def put(self, items: list[tuple[str, tuple[str, ...], int]], store_ts: int) -> None:
+        """Index a batch of ``(topic, keys, log offset)``, all stored at ``store_ts``."""
+        while items:
             f = self.files[-1] if self.files else None
-            if f is None or f.full:
+            if f is None or f.full or f.count + len(items[0][1]) > f.max_entries:
                 f = self._new_file(store_ts)
-            done = f.put(topic, keys, phys, store_ts)
-            keys = keys[done:]
+            done = f.put(items, store_ts)
+            items = items[done:]
 
     def _new_file(self, now_ms: int) -> IndexFile:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -200,10 +248,13 @@ class IndexService:
         return f.end_ts, f.end_phys
 
     def truncate(self, log_end: int) -> None:
-        """Drop whole files that start at or beyond the log end; entries in the last kept
-        file that point past it are filtered out by the store's record checks."""
-        while self.files and self.files[-1].begin_phys >= log_end and self.files[-1].count > 1:
+        """Drop the files that start at or beyond the log end, and the entries of the last
+        kept file that point there: records later written at those offsets must be indexed
+        again (re-dispatch skips offsets up to ``end_phys``), and only once."""
+        while self.files and (self.files[-1].begin_phys >= log_end or self.files[-1].count <= 1):
             self.files.pop().destroy()
+        if self.files:
+            self.files[-1].truncate(log_end)
 
     def delete_expired(self, log_min: int) -> int:
         count = 0

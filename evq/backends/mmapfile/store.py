@@ -65,6 +65,7 @@ _BLANK = rec.BLANK
 _INT64 = rec.INT64
 _INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
+_HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
 _NOT_CONSUMABLE = {sf.TRANSACTION_PREPARED_TYPE, sf.TRANSACTION_ROLLBACK_TYPE}
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 
@@ -276,6 +277,10 @@ class MmapMessageLog(MessageLog):
                 break
             if not f.crc_ok or f.physical_offset != pos:
                 break
+            # Recovery scans the newest records even when nothing needs dispatching: appends
+            # after a restart must not stamp times older than what the log already holds.
+            if f.store_timestamp > self._last_store_ts:
+                self._last_store_ts = f.store_timestamp
             if pos >= dispatch_from:
                 d = self._dispatch_fields(f, pos)
                 if d is not None and self._subscribers:
@@ -290,19 +295,40 @@ class MmapMessageLog(MessageLog):
         props = decode_properties(f.properties)
         keys = rec.index_keys_of(props, f.sysflag)
         if keys and phys > self._index.end_phys:
-            self._index.put(f.topic, keys, phys, f.store_timestamp)
+            self._index.put([(f.topic, keys, phys)], f.store_timestamp)
         if f.store_timestamp > self._last_store_ts:
             self._last_store_ts = f.store_timestamp
         if f.sysflag & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
             return None
         key = (f.topic, f.queue_id)
         cq = self._cqs.get(key) or self._new_cq(*key)
+        if f.queue_offset != cq.next_offset and cq.next_offset and not self._redispatch_ok(
+            cq, f, phys
+        ):
+            return None
         tags = self._tags_code_fn(f.topic, props, f.store_timestamp)
         cq.put(f.queue_offset, phys, f.size, tags)
         if f.queue_offset >= cq.next_offset:
             cq.next_offset = f.queue_offset + 1
         return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
                           f.store_timestamp, f.sysflag)
+
+    @staticmethod
+    def _redispatch_ok(cq: ConsumeQueue, f: rec.Fields, phys: int) -> bool:
+        """May a record whose queue offset is not its queue's next one go into the queue?
+        Only as the same entry again (a re-dispatch) or over a blank.  No CRC covers
+        QUEUEOFFSET or QUEUEID: a damaged one must neither overwrite another record's entry
+        nor blank-fill the queue up to a far offset (any number of files); the record keeps
+        the entry it already has, if any."""
+        e = cq.entry(f.queue_offset) if f.queue_offset < cq.next_offset else None
+        if e is not None and (e[1] == BLANK_ENTRY_SIZE or (e[0], e[1]) == (phys, f.size)):
+            return True
+        log.warning(
+            "dispatch_skipped", reason="queue offset out of sequence", topic=f.topic,
+            queue_id=f.queue_id, queue_offset=f.queue_offset, next_offset=cq.next_offset,
+            physical_offset=phys,
+        )
+        return False
 
     def _cut(self, end: int) -> int:
         """Truncate the log and every projection at ``end``; returns the bytes dropped."""
@@ -331,14 +357,17 @@ class MmapMessageLog(MessageLog):
             self._last_store_ts = now
             mf = self._log.files[-1]
             mm, start, pos, seg = mf.mm, mf.start, mf.wrote, mf.size
-            cqs, index, host = self._cqs, self._index, self._host
+            cqs, host = self._cqs, self._host
             limit = self._max_record
             notify: list[Dispatched] | None = [] if self._subscribers else None
+            indexed: list[tuple[str, tuple[str, ...], int]] = []
+            pack_offsets, pack_store = _OFFSETS.pack_into, _STORE_V4.pack_into
+            add = results.append
             for r in records:
                 data = r.data
                 n = len(data)
                 if n > limit or n < rec.MIN_RECORD_SIZE:
-                    results.append(AppendResult(PutStatus.MESSAGE_ILLEGAL))
+                    add(AppendResult(PutStatus.MESSAGE_ILLEGAL))
                     continue
                 if pos + n + 8 > seg:
                     if pos + 8 <= seg:  # a log cut exactly at a segment end has no room
@@ -348,8 +377,10 @@ class MmapMessageLog(MessageLog):
                     mm, start, pos = mf.mm, mf.start, 0
                 phys = start + pos
                 mm[pos : pos + n] = data
-                flags = r.sysflag
-                if flags & 0xC in _NOT_CONSUMABLE:
+                # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
+                # the encoder), and decide where the store fields are patched.
+                flags = (r.sysflag & ~_HOST_V6) | (data[39] & _HOST_V6)
+                if flags & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
                     qo = 0
                     cq = None
                 else:
@@ -357,11 +388,11 @@ class MmapMessageLog(MessageLog):
                     cq = cqs.get(key) or self._new_cq(*key)
                     qo = cq.next_offset
                     cq.next_offset = qo + 1
-                _OFFSETS.pack_into(mm, pos + 20, qo, phys)
+                pack_offsets(mm, pos + 20, qo, phys)
                 if flags & (sf.BORNHOST_V6 | sf.STOREHOST_V6):
                     self._patch_store_fields(mm, pos, flags, now)
                 else:
-                    _STORE_V4.pack_into(mm, pos + 56, now, host)
+                    pack_store(mm, pos + 56, now, host)
                 pos += n
                 mf.wrote = pos
                 if cq is not None:
@@ -370,9 +401,10 @@ class MmapMessageLog(MessageLog):
                         notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
                                                  now, flags))
                 if r.keys:
-                    index.put(r.topic, r.keys, phys, now)
-                results.append(AppendResult(ok, phys, n, qo, now,
-                                            (host + phys.to_bytes(8, "big")).hex().upper()))
+                    indexed.append((r.topic, r.keys, phys))
+                add(AppendResult(ok, phys, n, qo, now, host))
+            if indexed:
+                self._index.put(indexed, now)
             self._dispatched = start + pos
             if notify:
                 self._notify(notify)
@@ -442,6 +474,8 @@ class MmapMessageLog(MessageLog):
         max_bytes: int = 256 * 1024,
         tag_filter: TagFilter | None = None,
     ) -> ReadResult:
+        if self._closed:  # the files are unmapped: any answer would be made up
+            raise LogClosed("the log is closed")
         cq = self._cqs.get((topic, queue_id))
         if cq is None or cq.next_offset == 0:
             return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
@@ -503,6 +537,8 @@ class MmapMessageLog(MessageLog):
         return memoryview(mf.mm)[rel : rel + size]
 
     def lookup(self, physical_offset: int) -> memoryview | None:
+        if self._closed:
+            raise LogClosed("the log is closed")
         mf = self._log.find(physical_offset)
         if mf is None or physical_offset < self._log.min_offset:
             return None
@@ -519,15 +555,36 @@ class MmapMessageLog(MessageLog):
     def query_keys(
         self, topic: str, key: str, max_count: int, begin_ms: int, end_ms: int
     ) -> KeyQueryResult:
+        if self._closed:
+            raise LogClosed("the log is closed")
+        log_end = self.max_physical_offset
+        # The index may hold more candidates than asked (hash collisions, other topics, store
+        # times only to the second, entries past a truncated end): when the candidates run
+        # out before max_count hits, ask again for more.
+        limit = max_count * 4 + 16
+        while True:
+            candidates = self._index.lookup(topic, key, begin_ms, end_ms, limit)
+            records, offsets = self._key_hits(candidates, topic, key, max_count, begin_ms,
+                                              end_ms, log_end)
+            if len(records) >= max_count or len(candidates) < limit:
+                break
+            limit *= 4
+        ts, phys_last = self._index.last_update
+        return KeyQueryResult(records, offsets, ts, phys_last)
+
+    def _key_hits(
+        self, candidates: list[int], topic: str, key: str, max_count: int, begin_ms: int,
+        end_ms: int, log_end: int,
+    ) -> tuple[list[memoryview], list[int]]:
         records: list[memoryview] = []
         offsets: list[int] = []
-        log_end = self.max_physical_offset
-        # The index may hold more candidates than asked (hash collisions, other topics).
-        for phys in self._index.lookup(topic, key, begin_ms, end_ms, max_count * 4 + 16):
+        seen: set[int] = set()
+        for phys in candidates:
             if len(records) >= max_count:
                 break
-            if phys >= log_end:
+            if phys >= log_end or phys in seen:  # a key twice in KEYS is indexed twice
                 continue
+            seen.add(phys)
             view = self.lookup(phys)
             if view is None:
                 continue
@@ -541,8 +598,7 @@ class MmapMessageLog(MessageLog):
                 continue
             records.append(view)
             offsets.append(phys)
-        ts, phys_last = self._index.last_update
-        return KeyQueryResult(records, offsets, ts, phys_last)
+        return records, offsets
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -588,6 +644,8 @@ class MmapMessageLog(MessageLog):
         return self._flusher.durable if self._flusher else self.max_physical_offset
 
     def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
+        if self._closed:
+            raise LogClosed("the log is closed")
         mf = self._log.find(physical_offset)
         if mf is None:
             return b""
@@ -633,6 +691,8 @@ class MmapMessageLog(MessageLog):
 
     def truncate(self, physical_offset: int) -> None:
         with self._put_lock:
+            if self._closed:
+                raise LogClosed("the log is closed")
             if physical_offset >= self.max_physical_offset:
                 return
             self._cut(physical_offset)

@@ -1,0 +1,592 @@
+"""The store benchmark: what one :class:`~evq.domain.log.MessageLog` does per second.
+
+One run measures, each phase on a fresh store directory under a scratch directory:
+
+* **append**: batches of ``batch`` records per :meth:`append` call, then single-record calls;
+* **read**: every queue read back from offset 0, ``max_count=32`` per call, nothing decoded;
+* **key lookups**: :meth:`query_keys` on random UNIQ_KEY and KEYS values;
+* **recovery**: a child process appends every record and is SIGKILLed; the parent times
+  :func:`~evq.backends.registry.open_log` on what it left (abnormal recovery);
+* **floor**: a plain Python loop copying the same records into a pre-faulted mapping by slice
+  assignment and nothing else: what any Python store must at least spend;
+* **sync**: ``producers`` threads each looping ``append([record])`` + ``wait_durable`` on a
+  SYNC_FLUSH store (group commit).
+
+Records are encoded once with :func:`~evq.domain.record.put_record` before anything is timed
+and spooled to disk in pickled chunks, so every phase appends the very same bytes without
+re-encoding and without holding N records in memory.  Only the calls being measured are inside
+the timed regions; loading the next chunk, progress bars and checks are outside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+import structlog
+from tqdm import tqdm
+
+from evq.backends import registry
+from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.mapped_file import prefault
+from evq.domain.log import FlushMode, GetStatus, MessageLog
+from evq.domain.message import Message, Prop, new_message
+from evq.domain.record import PutRecord, put_record
+
+log = structlog.get_logger(__name__)
+
+MB = 1_000_000  # throughput figures count 10**6 bytes of stored records as one MB
+TOPICS = 4
+QUEUES = 8
+TAGS = ("TagA", "TagB", "TagC")
+UNIQ_PREFIX = "AC11000200002A9F"  # 16 hex digits; the message number fills the other 16
+READ_MAX_COUNT = 32
+LOOKUP_MAX_COUNT = 32
+SYNC_TIMEOUT_S = 5.0
+CHUNK_BYTES = 128 * 1024 * 1024  # records held in memory at once, roughly
+PROGRESS_EVERY = 8192  # records between progress updates of the crash child
+
+
+class BenchError(Exception):
+    """The benchmark could not run or its store misbehaved (lost or rejected records)."""
+
+
+@attrs.frozen(kw_only=True)
+class StoreBenchOptions:
+    backend: str = registry.DEFAULT_BACKEND
+    messages: int = 200_000
+    size: int = 1024
+    flush: FlushMode = FlushMode.ASYNC_FLUSH
+    producers: int = 16
+    data: Path | None = None
+    segment_size: int | None = None
+    batch: int = 32
+    sync_messages: int = 50_000
+    lookups: int = 10_000
+    progress: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("messages", "producers", "batch", "sync_messages", "lookups"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.size < 0:
+            raise ValueError("size must not be negative")
+
+    def store_config(self, flush: FlushMode | None = None) -> StoreConfig:
+        kwargs: dict[str, Any] = {"flush": flush or self.flush}
+        if self.segment_size is not None:
+            kwargs["commitlog_segment_size"] = self.segment_size
+        return StoreConfig(**kwargs)
+
+
+@attrs.frozen(kw_only=True)
+class StoreBenchResult:
+    """One run's figures; attribute names are the JSON keys."""
+
+    backend: str
+    flush: str
+    messages: int
+    size: int
+    record_bytes: float  # mean encoded record size
+    batch: int
+    append_msgs_per_s: float
+    append_mb_per_s: float
+    append_single_msgs_per_s: float
+    read_msgs_per_s: float
+    key_lookups: int
+    key_lookups_per_s: float
+    key_lookup_misses: int
+    recovery_seconds: float
+    recovered_bytes: int
+    floor_msgs_per_s: float
+    floor_mb_per_s: float
+    ratio_to_floor: float
+    sync_msgs_per_s: float
+    sync_producers: int
+    sync_messages: int
+    sync_timeouts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+# --- the workload ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Workload:
+    """Message ``i`` of a run: a few topics x 8 queues, tags, one KEYS word and a UNIQ_KEY."""
+
+    messages: int
+    size: int
+    topics: int = TOPICS
+    queues: int = QUEUES
+
+    def topic(self, i: int) -> str:
+        return f"BenchTopic{i % self.topics}"
+
+    def queue_id(self, i: int) -> int:
+        return (i // self.topics) % self.queues
+
+    @staticmethod
+    def uniq_key(i: int) -> str:
+        return f"{UNIQ_PREFIX}{i:016X}"
+
+    @staticmethod
+    def key(i: int) -> str:
+        return f"order-{i}"
+
+    def message(self, i: int, body: bytes, born_ms: int) -> Message:
+        m = new_message(
+            self.topic(i), body, tags=TAGS[i % len(TAGS)], keys=self.key(i),
+            properties={Prop.UNIQ_KEY: self.uniq_key(i)}, compress_over=None,
+        )
+        m.queue_id = self.queue_id(i)
+        m.born_timestamp = born_ms
+        return m
+
+
+class Spool:
+    """Records encoded once, pickled in chunks to one file; :meth:`chunks` reloads them."""
+
+    def __init__(self, path: Path, counts: list[int], total_bytes: int):
+        self.path = path
+        self.counts = counts
+        self.total_bytes = total_bytes
+
+    @property
+    def messages(self) -> int:
+        return sum(self.counts)
+
+    @classmethod
+    def write(cls, path: Path, workload: Workload, bar: tqdm[Any]) -> Spool:
+        body = random.Random(workload.size).randbytes(workload.size)
+        born = time.time_ns() // 1_000_000
+        counts: list[int] = []
+        total = 0
+        chunk: list[PutRecord] = []
+        chunk_bytes = 0
+        with path.open("wb") as f:
+            for i in range(workload.messages):
+                r = put_record(workload.message(i, body, born))
+                chunk.append(r)
+                chunk_bytes += len(r.data)
+                if chunk_bytes >= CHUNK_BYTES or i == workload.messages - 1:
+                    pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    counts.append(len(chunk))
+                    total += chunk_bytes
+                    bar.update(len(chunk))
+                    chunk, chunk_bytes = [], 0
+            f.flush()
+            os.fsync(f.fileno())  # written back now, not by the kernel in a timed phase
+        return cls(path, counts, total)
+
+    def chunks(self) -> Iterator[list[PutRecord]]:
+        with self.path.open("rb") as f:
+            for _ in self.counts:
+                yield pickle.load(f)
+
+    def first(self, n: int) -> list[PutRecord]:
+        out: list[PutRecord] = []
+        for chunk in self.chunks():
+            out += chunk[: n - len(out)]
+            if len(out) >= n:
+                break
+        return out
+
+
+# --- phases ---------------------------------------------------------------------------------
+
+
+def copy_records(mm: mmap.mmap, pos: int, records: Sequence[PutRecord]) -> int:
+    """The floor: slice-assign each record's bytes into ``mm`` from ``pos``; nothing else."""
+    for r in records:
+        data = r.data
+        n = len(data)
+        mm[pos : pos + n] = data
+        pos += n
+    return pos
+
+
+def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> float:
+    """Seconds the floor loop takes for every record, into a fresh file mapped with
+    MAP_POPULATE and pre-faulted writable (as the mmap store's allocator prepares segments)."""
+    path = work / "floor"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, spool.total_bytes)
+        mm = mmap.mmap(fd, spool.total_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        # MAP_POPULATE maps a shared file's pages read-only (the first write still faults to
+        # mark the page dirty); MADV_POPULATE_WRITE takes those faults now, outside the timing.
+        prefault(mm, spool.total_bytes)
+        elapsed = 0.0
+        pos = 0
+        try:
+            for chunk in spool.chunks():
+                t0 = time.perf_counter()
+                pos = copy_records(mm, pos, chunk)
+                elapsed += time.perf_counter() - t0
+                bar.update(len(chunk))
+        finally:
+            mm.close()
+    finally:
+        os.close(fd)
+        path.unlink()
+    if pos != spool.total_bytes:
+        raise BenchError(f"floor copied {pos} bytes, expected {spool.total_bytes}")
+    return elapsed
+
+
+def append_batches(
+    store: MessageLog, spool: Spool, batch: int, bar: tqdm[Any], *, durable: bool
+) -> float:
+    """Seconds spent in ``append`` (and ``wait_durable`` when ``durable``) for every record,
+    ``batch`` records per call."""
+    elapsed = 0.0
+    for chunk in spool.chunks():
+        batches = [chunk[i : i + batch] for i in range(0, len(chunk), batch)]
+        if durable:
+            t0 = time.perf_counter()
+            for b in batches:
+                res = store.append(b)
+                store.wait_durable(res[-1].end_offset, SYNC_TIMEOUT_S)
+            elapsed += time.perf_counter() - t0
+        else:
+            t0 = time.perf_counter()
+            for b in batches:
+                store.append(b)
+            elapsed += time.perf_counter() - t0
+        bar.update(len(chunk))
+    return elapsed
+
+
+def check_appended(store: MessageLog, expected: int, phase: str) -> None:
+    held = sum(store.queues().values())
+    if held != expected:
+        raise BenchError(
+            f"{phase}: the store holds {held} of {expected} messages (records rejected?)"
+        )
+
+
+def read_all(store: MessageLog, bar: tqdm[Any]) -> tuple[int, float]:
+    """Read every queue from offset 0 to its end; (records read, seconds)."""
+    count = 0
+    elapsed = 0.0
+    for (topic, queue_id), end in sorted(store.queues().items()):
+        offset = 0
+        got = 0
+        t0 = time.perf_counter()
+        while offset < end:
+            res = store.read(topic, queue_id, offset, READ_MAX_COUNT)
+            if res.status is not GetStatus.FOUND:
+                break
+            got += len(res.records)
+            offset = res.next_offset
+        elapsed += time.perf_counter() - t0
+        count += got
+        bar.update(got)
+    return count, elapsed
+
+
+def lookup_keys(store: MessageLog, workload: Workload, lookups: int) -> tuple[int, float]:
+    """``lookups`` random key queries, alternating UNIQ_KEY and KEYS; (misses, seconds)."""
+    rng = random.Random(1)
+    picks = [rng.randrange(workload.messages) for _ in range(lookups)]
+    queries = [
+        (workload.topic(i), workload.uniq_key(i) if n % 2 == 0 else workload.key(i))
+        for n, i in enumerate(picks)
+    ]
+    end_ms = time.time_ns() // 1_000_000 + 3_600_000
+    misses = 0
+    t0 = time.perf_counter()
+    for topic, key in queries:
+        if not store.query_keys(topic, key, LOOKUP_MAX_COUNT, 0, end_ms).records:
+            misses += 1
+    return misses, time.perf_counter() - t0
+
+
+def append_single(store: MessageLog, spool: Spool, bar: tqdm[Any], *, durable: bool) -> float:
+    """Seconds spent appending every record with one-record ``append`` calls."""
+    elapsed = 0.0
+    for chunk in spool.chunks():
+        singles = [[r] for r in chunk]
+        if durable:
+            t0 = time.perf_counter()
+            for one in singles:
+                res = store.append(one)
+                store.wait_durable(res[0].end_offset, SYNC_TIMEOUT_S)
+            elapsed += time.perf_counter() - t0
+        else:
+            t0 = time.perf_counter()
+            for one in singles:
+                store.append(one)
+            elapsed += time.perf_counter() - t0
+        bar.update(len(chunk))
+    return elapsed
+
+
+def measure_recovery(
+    opts: StoreBenchOptions, spool: Spool, work: Path, bar: tqdm[Any]
+) -> tuple[float, int]:
+    """A child appends every record and is SIGKILLed; (seconds to reopen, log end)."""
+    store_dir = work / "recovery"
+    cmd = [
+        sys.executable, "-m", "evq.bench.crash_child", "--backend", opts.backend,
+        "--store", str(store_dir), "--spool", str(spool.path), "--batch", str(opts.batch),
+        "--flush", opts.flush.value,
+    ]
+    for n in spool.counts:
+        cmd += ["--count", str(n)]
+    if opts.segment_size is not None:
+        cmd += ["--segment-size", str(opts.segment_size)]
+    with subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None
+        end = _await_child(child.stdout, bar)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        if end is None:
+            raise BenchError(f"the crash child exited ({child.returncode}) before appending")
+    t0 = time.perf_counter()
+    store = registry.open_log(opts.backend, store_dir, opts.store_config(), background=False)
+    seconds = time.perf_counter() - t0
+    try:
+        recovered = store.max_physical_offset
+        check_appended(store, spool.messages, "recovery")
+    finally:
+        store.close()
+    if recovered != end:
+        raise BenchError(f"recovery found the log end at {recovered}, the child wrote {end}")
+    return seconds, recovered
+
+
+def _await_child(out: IO[str], bar: tqdm[Any]) -> int | None:
+    done = 0
+    for line in out:
+        word, _, value = line.strip().partition(" ")
+        if word == "progress":
+            bar.update(int(value) - done)
+            done = int(value)
+        elif word == "end":
+            return int(value)
+    return None
+
+
+def sync_producers(
+    store: MessageLog, records: list[PutRecord], producers: int
+) -> tuple[float, int]:
+    """``producers`` threads each append their share one record at a time and wait for it to
+    be durable; (seconds, timeouts)."""
+    shares = [records[k::producers] for k in range(producers)]
+    start = threading.Barrier(producers + 1)
+    timeouts = [0] * producers
+    errors: list[BaseException] = []
+
+    def produce(k: int) -> None:
+        mine = [[r] for r in shares[k]]
+        start.wait()
+        try:
+            late = 0
+            for one in mine:
+                res = store.append(one)
+                if not store.wait_durable(res[0].end_offset, SYNC_TIMEOUT_S):
+                    late += 1
+            timeouts[k] = late
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=produce, args=(k,), name=f"bench-producer-{k}")
+        for k in range(producers)
+    ]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if errors:
+        raise BenchError(f"a sync producer failed: {errors[0]!r}") from errors[0]
+    return seconds, sum(timeouts)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def _bar(opts: StoreBenchOptions, desc: str, total: int) -> tqdm[Any]:
+    return tqdm(
+        total=total, desc=desc, unit="msg", unit_scale=True, file=sys.stderr,
+        disable=not opts.progress, leave=False, dynamic_ncols=True,
+    )
+
+
+def _check_backend(name: str) -> None:
+    if name not in registry.BACKENDS:
+        # The registry words the refusal (it lists the valid names); it raises before the
+        # path is touched.
+        registry.open_log(name, os.devnull)
+        raise registry.UnknownBackend(f"unknown backend {name!r}")  # pragma: no cover
+
+
+@contextlib.contextmanager
+def _scratch(parent: Path | None) -> Iterator[Path]:
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="evq-bench-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _phase_dir(run: Path, name: str) -> Iterator[Path]:
+    path = run / name
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
+    """Run every phase once and return the figures."""
+    _check_backend(opts.backend)
+    config = opts.store_config()  # validates the segment size before the long encoding pass
+    workload = Workload(opts.messages, opts.size)
+    durable = opts.flush is FlushMode.SYNC_FLUSH
+    n = opts.messages
+    with _scratch(opts.data) as run:
+        log.info("bench_started", backend=opts.backend, messages=n, size=opts.size,
+                 scratch=str(run))
+        with _bar(opts, "encode", n) as bar:
+            spool = Spool.write(run / "records.spool", workload, bar)
+        record_bytes = spool.total_bytes / n
+        limit = min(config.max_message_size, config.commitlog_segment_size - 8)
+        if record_bytes > limit:
+            raise BenchError(f"records of {record_bytes:.0f} bytes exceed the store's limit "
+                             f"of {limit} bytes; lower --size or raise --segment-size")
+
+        with _phase_dir(run, "floor") as work, _bar(opts, "floor", n) as bar:
+            floor_s = measure_floor(spool, work, bar)
+        log.info("bench_phase_done", phase="floor", seconds=round(floor_s, 3))
+
+        with (
+            _phase_dir(run, "append") as work,
+            registry.open_log(opts.backend, work / "store", config) as store,
+        ):
+            with _bar(opts, f"append x{opts.batch}", n) as bar:
+                append_s = append_batches(store, spool, opts.batch, bar, durable=durable)
+            check_appended(store, n, "append")
+            log.info("bench_phase_done", phase="append", seconds=round(append_s, 3))
+            with _bar(opts, "read", n) as bar:
+                read_count, read_s = read_all(store, bar)
+            if read_count != n:
+                raise BenchError(f"read: got {read_count} of {n} messages back")
+            log.info("bench_phase_done", phase="read", seconds=round(read_s, 3))
+            misses, lookup_s = lookup_keys(store, workload, opts.lookups)
+            if misses:
+                log.warning("bench_key_lookup_misses", misses=misses, lookups=opts.lookups)
+            log.info("bench_phase_done", phase="keys", seconds=round(lookup_s, 3))
+
+        with (
+            _phase_dir(run, "single") as work,
+            registry.open_log(opts.backend, work / "store", config) as store,
+        ):
+            with _bar(opts, "append x1", n) as bar:
+                single_s = append_single(store, spool, bar, durable=durable)
+            check_appended(store, n, "single append")
+            log.info("bench_phase_done", phase="single", seconds=round(single_s, 3))
+
+        with _phase_dir(run, "recovery") as work, _bar(opts, "crash child", n) as bar:
+            recovery_s, recovered = measure_recovery(opts, spool, work, bar)
+        log.info("bench_phase_done", phase="recovery", seconds=round(recovery_s, 3))
+
+        sync_n = min(opts.sync_messages, n)
+        records = spool.first(sync_n)
+        sync_config = opts.store_config(FlushMode.SYNC_FLUSH)
+        with (
+            _phase_dir(run, "sync") as work,
+            registry.open_log(opts.backend, work / "store", sync_config) as store,
+        ):
+            sync_s, timeouts = sync_producers(store, records, opts.producers)
+            check_appended(store, sync_n, "sync")
+            log.info("bench_phase_done", phase="sync", seconds=round(sync_s, 3))
+        del records
+
+    append_rate = n / append_s
+    floor_rate = n / floor_s
+    return StoreBenchResult(
+        backend=opts.backend,
+        flush=opts.flush.value,
+        messages=n,
+        size=opts.size,
+        record_bytes=round(record_bytes, 1),
+        batch=opts.batch,
+        append_msgs_per_s=append_rate,
+        append_mb_per_s=spool.total_bytes / MB / append_s,
+        append_single_msgs_per_s=n / single_s,
+        read_msgs_per_s=read_count / read_s,
+        key_lookups=opts.lookups,
+        key_lookups_per_s=opts.lookups / lookup_s,
+        key_lookup_misses=misses,
+        recovery_seconds=recovery_s,
+        recovered_bytes=recovered,
+        floor_msgs_per_s=floor_rate,
+        floor_mb_per_s=spool.total_bytes / MB / floor_s,
+        ratio_to_floor=append_rate / floor_rate,
+        sync_msgs_per_s=sync_n / sync_s,
+        sync_producers=opts.producers,
+        sync_messages=sync_n,
+        sync_timeouts=timeouts,
+    )
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def format_report(result: StoreBenchResult) -> str:
+    """The human table (the CLI prints it)."""
+    r = result
+    flush = "sync: each call waits for durability" if r.flush == "SYNC_FLUSH" else "async flush"
+    rows = [
+        ("append", f"{r.append_msgs_per_s:,.0f} msgs/s",
+         f"{r.batch} records per call, {flush}"),
+        ("append", f"{r.append_mb_per_s:,.1f} MB/s", f"{r.record_bytes:,.0f}-byte records"),
+        ("append single", f"{r.append_single_msgs_per_s:,.0f} msgs/s", "1 record per call"),
+        ("read", f"{r.read_msgs_per_s:,.0f} msgs/s",
+         f"every queue, max_count={READ_MAX_COUNT}, no decoding"),
+        ("key lookups", f"{r.key_lookups_per_s:,.0f} /s",
+         f"{r.key_lookups:,} queries, {r.key_lookup_misses} missed"),
+        ("recovery", f"{r.recovery_seconds:,.3f} s",
+         f"open after SIGKILL, {r.recovered_bytes / MB:,.1f} MB of log"),
+        ("floor", f"{r.floor_msgs_per_s:,.0f} msgs/s",
+         f"{r.floor_mb_per_s:,.1f} MB/s slice copy into a pre-faulted mmap"),
+        ("ratio to floor", f"{r.ratio_to_floor:.3f}", "append / floor"),
+        ("sync", f"{r.sync_msgs_per_s:,.0f} msgs/s",
+         f"{r.sync_producers} producers, append 1 + wait_durable, {r.sync_messages:,} msgs, "
+         f"{r.sync_timeouts} timeouts"),
+    ]
+    head = (f"evq store benchmark: backend {r.backend}, {r.messages:,} messages, "
+            f"{r.size}-byte bodies")
+    w0 = max(len(a) for a, _, _ in rows)
+    w1 = max(len(b) for _, b, _ in rows)
+    lines = [head, ""]
+    lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The ``evq`` command line.
+
+Commands are nested argparse sub-parsers; each leaf sets ``handler`` (a function of the parsed
+arguments returning an exit code) and may set ``log_level_default`` (its logging threshold
+unless ``--log-level`` says otherwise).  New
+commands (``evq broker``, ``evq namesrv``, ``evq admin ...``, ``evq bench backends``) add a
+``_add_*`` function next to the existing ones and register it in :func:`build_parser`.
+
+Exit codes: 0 success, 1 a failure while running, 2 bad usage (argparse's own errors, an
+unknown backend), 130 interrupted.  A failure prints one line, ``evq: error: <reason>``, on
+stderr; ``--log-level debug`` adds the traceback to the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import structlog
+
+from evq import logs
+from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
+from evq.domain.log import FlushMode
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[argparse.Namespace], int]
+
+PROG = "evq"
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+LOG_LEVELS = ("debug", "info", "warning", "error")
+FLUSH_MODES = {"async": FlushMode.ASYNC_FLUSH, "sync": FlushMode.SYNC_FLUSH}
+
+
+class UsageError(Exception):
+    """Arguments that parse but cannot be used; exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+# --- evq bench store ------------------------------------------------------------------------
+
+
+def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "store",
+        help="append, read, key lookup, recovery and group-commit throughput of one store",
+        description=(
+            "Measure one store backend: batched and single-record appends, reads by queue, "
+            "key lookups, recovery after SIGKILL and SYNC_FLUSH group commit, against the "
+            "floor of copying the same records into a pre-faulted mmap."
+        ),
+    )
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--messages", type=_positive_int, default=200_000,
+                   help="messages per phase (default: 200000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--flush", choices=sorted(FLUSH_MODES), default="async",
+                   help="flush mode of the append phases; with 'sync' every append call waits "
+                        "for durability, so one producer is bound by disk latency "
+                        "(default: async). The multi-producer sync figure is always measured.")
+    p.add_argument("--producers", type=_positive_int, default=16,
+                   help="producer threads of the SYNC_FLUSH group-commit phase (default: 16)")
+    p.add_argument("--sync-messages", type=_positive_int, default=50_000,
+                   help="messages of the group-commit phase, at most --messages "
+                        "(default: 50000)")
+    p.add_argument("--batch", type=_positive_int, default=32,
+                   help="records per append call in the batched phase (default: 32)")
+    p.add_argument("--lookups", type=_positive_int, default=10_000,
+                   help="key queries of the lookup phase (default: 10000)")
+    p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
+                   help="CommitLog segment size (default: the store's, 1 GiB)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the stores (default: a temporary directory); "
+                        "each run works in a fresh sub-directory and removes it")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the table (no progress bars)")
+    p.set_defaults(handler=_cmd_bench_store, log_level_default="warning")
+
+
+def _bench_store_rerun(args: argparse.Namespace) -> str:
+    words = [
+        PROG, "bench", "store", "--backend", args.backend, "--messages", str(args.messages),
+        "--size", str(args.size), "--flush", args.flush, "--producers", str(args.producers),
+        "--sync-messages", str(args.sync_messages), "--batch", str(args.batch),
+        "--lookups", str(args.lookups),
+    ]
+    if args.segment_size is not None:
+        words += ["--segment-size", str(args.segment_size)]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    return shlex.join(words)
+
+
+def _cmd_bench_store(args: argparse.Namespace) -> int:
+    from evq.bench.store import StoreBenchOptions, format_report, run_store_bench
+
+    opts = StoreBenchOptions(
+        backend=args.backend, messages=args.messages, size=args.size,
+        flush=FLUSH_MODES[args.flush], producers=args.producers, data=args.data,
+        segment_size=args.segment_size, batch=args.batch, sync_messages=args.sync_messages,
+        lookups=args.lookups, progress=not args.json and sys.stderr.isatty(),
+    )
+    result = run_store_bench(opts)
+    rerun = _bench_store_rerun(args)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
+# --- the parser and the entry point ---------------------------------------------------------
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("bench", help="benchmarks", description="Run a benchmark.")
+    benches = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    _add_bench_store(benches)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="evq: an event-sourced message broker modelled on RocketMQ 4.x."
+    )
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="logging threshold (default: per command)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_bench(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level or getattr(args, "log_level_default", None) or "info")
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (UnknownBackend, UsageError) as exc:
+        _fail(exc)
+        return EXIT_USAGE
+    except Exception as exc:
+        log.debug("command_failed", exc_info=True)
+        _fail(exc)
+        return EXIT_FAILURE
+
+
+def _fail(exc: BaseException) -> None:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"{PROG}: error: {reason}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

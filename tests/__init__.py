@@ -1,0 +1,1 @@
+"""evq's test suite; a package so modules can ``from tests.strategies import ...``."""

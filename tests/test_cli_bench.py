@@ -1,0 +1,64 @@
+"""Smoke test of ``evq bench store`` as a real subprocess (figures are never judged for speed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+FIGURES = (
+    "append_msgs_per_s",
+    "append_mb_per_s",
+    "append_single_msgs_per_s",
+    "read_msgs_per_s",
+    "key_lookups_per_s",
+    "recovery_seconds",
+    "floor_msgs_per_s",
+    "ratio_to_floor",
+    "sync_msgs_per_s",
+    "sync_producers",
+    "messages",
+    "size",
+)
+
+
+def _evq(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evq.cli", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def test_bench_store_json_has_every_figure(tmp_path: Path) -> None:
+    proc = _evq(
+        "bench", "store", "--messages", "2000", "--size", "256", "--json", "--producers", "4",
+        "--segment-size", "1048576", "--data", str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout  # one JSON object, nothing else on stdout
+    out = json.loads(lines[0])
+    for key in FIGURES:
+        value = out[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+    assert out["backend"] == "mmap"
+    assert out["messages"] == 2000
+    assert out["size"] == 256
+    assert out["sync_producers"] == 4
+    assert out["rerun"].startswith("evq bench store ")
+    assert "--messages 2000" in out["rerun"]
+    assert "--segment-size 1048576" in out["rerun"]
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is cleaned up
+
+
+def test_bench_store_unknown_backend_names_the_choices() -> None:
+    proc = _evq("bench", "store", "--backend", "nope", "--messages", "10", timeout=60)
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "nope" in err
+    assert "mmap" in err  # the valid choices are listed
