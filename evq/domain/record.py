@@ -262,7 +262,9 @@ def decode(buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool
     )
 
 
-def iter_records(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Iterator[Message]:
+def iter_records(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> Iterator[Message]:
     """Decode back-to-back records, as a pull response body or query answer carries them."""
     pos = 0
     while pos < len(buf):

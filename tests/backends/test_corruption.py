@@ -22,8 +22,10 @@ clean checkpoint or with a zeroed one, which forces a re-dispatch of the whole l
 What counts as damage: the stored-record format protects the body with a CRC and nothing
 else (RocketMQ 4.x's format), so a change confined to the topic, the properties text or a
 header field such as QUEUEID, FLAG or a timestamp cannot be detected by any recovery.  The
-damage here always reaches bytes the format can check: TOTALSIZE, MAGICCODE, BODYCRC,
-PHYSICALOFFSET, the body length, the body, or the properties length.
+damage that must be cut always reaches bytes the format can check: TOTALSIZE, MAGICCODE,
+BODYCRC, PHYSICALOFFSET, the body length, the body, or the properties length.  For a flip in
+an unchecked header field the damaged record's fate is open, but no other record may suffer
+(a re-dispatch must not take a damaged QUEUEOFFSET at face value).
 
 A segment file whose *length* is wrong is refused with a clear error and left untouched (as
 RocketMQ refuses to load it); padded back to the segment size with zeros it recovers like a

@@ -254,7 +254,8 @@ def test_sigkill_rounds_lose_no_acknowledged_message(open_log, backend, tmp_path
         kill_after = rng.uniform(*KILL_AFTER)
         lines, stderr = _run_child(backend, store, round_no, seed, kill_after)
         fresh = _parse_acks(lines, round_no)
-        assert "Traceback" not in stderr and "CHILD-FAIL" not in stderr, f"{where}: {stderr}"
+        for bad in ("Traceback", "CHILD-FAIL", '"level": "error"', '"level": "critical"'):
+            assert bad not in stderr, f"{where}: the child wrote {bad!r}: {stderr[-3000:]}"
         for a in fresh:
             assert a.key not in acks, f"{where}: {a.key} acknowledged twice"
             acks[a.key] = a

@@ -13,16 +13,17 @@ Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout
 
 Entry *i* sits at ``40 + 4 * N + 20 * i``; ``prev`` chains entries of one bucket, newest
 first.  keyHash is :func:`evq.domain.hashing.index_key_hash` (CRC-32 where RocketMQ uses the
-Java string hash; see there why).  The header is rewritten with every put, in the same mapping, so a killed process
-leaves it consistent with the entries; recovery re-dispatch skips offsets below endPhyOffset.
+Java string hash; see there why).  The header is rewritten with every put, in the same
+mapping, so a killed process leaves it consistent with the entries; recovery re-dispatch
+skips offsets below endPhyOffset.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from zlib import crc32
 from pathlib import Path
+from zlib import crc32
 
 from evq.backends.mmapfile.mapped_file import MappedFile, prefault
 from evq.domain.hashing import index_key_hash, index_topic_seed
@@ -219,6 +220,11 @@ class IndexService:
             if f is None or f.full or f.count + len(items[0][1]) > f.max_entries:
                 f = self._new_file(store_ts)
             done = f.put(items, store_ts)
+            if done == 0:  # more keys than a whole (fresh) file holds: split them across files
+                topic, keys, phys = items[0]
+                room = f.max_entries - f.count
+                items = [(topic, keys[:room], phys), (topic, keys[room:], phys), *items[1:]]
+                continue
             items = items[done:]
 
     def _new_file(self, now_ms: int) -> IndexFile:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import structlog
 
+from evq.domain.log import LogError
+
 log = structlog.get_logger(__name__)
 
 NAME_DIGITS = 20
@@ -51,6 +53,10 @@ def prefault(mm: mmap.mmap, size: int) -> bool:
     finally:
         del view  # release the buffer export so the mapping can be closed later
     return _libc.madvise(addr, size, MADV_POPULATE_WRITE) == 0
+
+
+class StoreLayoutError(LogError, ValueError):
+    """Segment files that do not form the configured layout (wrong size, a gap)."""
 
 
 _CHUNK = 1 << 20
@@ -240,14 +246,16 @@ class MappedFileQueue:
                     log.warning("empty_segment_removed", path=str(p))
                     p.unlink()
                     continue
-                raise ValueError(
+                raise StoreLayoutError(
                     f"{p}: size {size} differs from the configured segment size "
                     f"{self.segment_size}; open the store with the size it was created with"
                 )
             self.files.append(MappedFile(p, int(p.name), size, create=False))
         for prev, cur in zip(self.files, self.files[1:], strict=False):
             if cur.start != prev.start + self.segment_size:
-                raise ValueError(f"gap in segments between {prev.path.name} and {cur.path.name}")
+                raise StoreLayoutError(
+                    f"gap in segments between {prev.path.name} and {cur.path.name}"
+                )
 
     @property
     def min_offset(self) -> int:

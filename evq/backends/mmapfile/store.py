@@ -41,8 +41,8 @@ from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.log import (
     AppendResult,
-    Dispatched,
     DispatchCallback,
+    Dispatched,
     ExpiryReport,
     GetStatus,
     KeyQueryResult,
@@ -67,6 +67,7 @@ _INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
 _HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
 _NOT_CONSUMABLE = {sf.TRANSACTION_PREPARED_TYPE, sf.TRANSACTION_ROLLBACK_TYPE}
+_MAX_CLOCK_SKEW_MS = 24 * 3600 * 1000
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 
 
@@ -277,10 +278,7 @@ class MmapMessageLog(MessageLog):
                 break
             if not f.crc_ok or f.physical_offset != pos:
                 break
-            # Recovery scans the newest records even when nothing needs dispatching: appends
-            # after a restart must not stamp times older than what the log already holds.
-            if f.store_timestamp > self._last_store_ts:
-                self._last_store_ts = f.store_timestamp
+            self._note_store_ts(f.store_timestamp)
             if pos >= dispatch_from:
                 d = self._dispatch_fields(f, pos)
                 if d is not None and self._subscribers:
@@ -290,14 +288,20 @@ class MmapMessageLog(MessageLog):
             self._notify(batch)
         return pos
 
+    def _note_store_ts(self, ts: int) -> None:
+        """Recovery scans the newest records even when nothing needs dispatching: appends after
+        a restart must not stamp times older than what the log already holds.  STORETIMESTAMP
+        has no CRC, so a time further ahead of the clock than any skew is damage, not a floor.
+        """
+        if self._last_store_ts < ts <= self._clock.now_ms() + _MAX_CLOCK_SKEW_MS:
+            self._last_store_ts = ts
+
     def _dispatch_fields(self, f: rec.Fields, phys: int) -> Dispatched | None:
         """Apply one parsed record to the projections (recovery and replication)."""
         props = decode_properties(f.properties)
         keys = rec.index_keys_of(props, f.sysflag)
         if keys and phys > self._index.end_phys:
             self._index.put([(f.topic, keys, phys)], f.store_timestamp)
-        if f.store_timestamp > self._last_store_ts:
-            self._last_store_ts = f.store_timestamp
         if f.sysflag & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
             return None
         key = (f.topic, f.queue_id)
