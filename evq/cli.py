@@ -123,12 +123,16 @@ def _bench_store_rerun(args: argparse.Namespace) -> str:
 def _cmd_bench_store(args: argparse.Namespace) -> int:
     from evq.bench.store import StoreBenchOptions, format_report, run_store_bench
 
-    opts = StoreBenchOptions(
-        backend=args.backend, messages=args.messages, size=args.size,
-        flush=FLUSH_MODES[args.flush], producers=args.producers, data=args.data,
-        segment_size=args.segment_size, batch=args.batch, sync_messages=args.sync_messages,
-        lookups=args.lookups, progress=not args.json and sys.stderr.isatty(),
-    )
+    try:
+        opts = StoreBenchOptions(
+            backend=args.backend, messages=args.messages, size=args.size,
+            flush=FLUSH_MODES[args.flush], producers=args.producers, data=args.data,
+            segment_size=args.segment_size, batch=args.batch, sync_messages=args.sync_messages,
+            lookups=args.lookups, progress=not args.json and sys.stderr.isatty(),
+        )
+        opts.store_config()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     result = run_store_bench(opts)
     rerun = _bench_store_rerun(args)
     if args.json:

@@ -16,6 +16,13 @@ Records are encoded once with :func:`~evq.domain.record.put_record` before anyth
 and spooled to disk in pickled chunks, so every phase appends the very same bytes without
 re-encoding and without holding N records in memory.  Only the calls being measured are inside
 the timed regions; loading the next chunk, progress bars and checks are outside.
+
+Each throughput phase waits after opening its store until the process is idle (:func:`settle`):
+a fresh mmap store faults in its first two segments in the background, and racing that halves
+the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
+wall-clock time, since on a shared machine the latter moves with everything else running.
+The floor's mapping is MAP_POPULATE'd *and* pre-faulted writable: MAP_POPULATE alone leaves a
+shared file mapping's pages read-only, and the first write to each still faults.
 """
 
 from __future__ import annotations
@@ -59,10 +66,50 @@ LOOKUP_MAX_COUNT = 32
 SYNC_TIMEOUT_S = 5.0
 CHUNK_BYTES = 128 * 1024 * 1024  # records held in memory at once, roughly
 PROGRESS_EVERY = 8192  # records between progress updates of the crash child
+SETTLE_WINDOW_S = 0.25
+SETTLE_BUSY = 0.2  # "idle": under a fifth of one core over a window
+SETTLE_MAX_S = 30.0
 
 
 class BenchError(Exception):
     """The benchmark could not run or its store misbehaved (lost or rejected records)."""
+
+
+@attrs.define
+class Stopwatch:
+    """Wall-clock and calling-thread CPU seconds of the timed regions.
+
+    CPU time is what the appending thread itself burned: on a shared machine it moves far less
+    than wall time when other processes compete for the cores.
+    """
+
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.cpu += time.thread_time() - cpu
+            self.wall += time.perf_counter() - wall
+
+
+def settle(max_seconds: float = SETTLE_MAX_S) -> float:
+    """Wait until this process is nearly idle; returns the seconds waited.
+
+    A freshly opened store pre-allocates and warms segments in the background (the mmap
+    backend faults in two 1 GiB segments); a long-running broker has that behind it, so the
+    throughput phases start once it is done rather than racing it.
+    """
+    started = time.perf_counter()
+    while time.perf_counter() - started < max_seconds:
+        cpu = time.process_time()
+        time.sleep(SETTLE_WINDOW_S)
+        if time.process_time() - cpu < SETTLE_BUSY * SETTLE_WINDOW_S:
+            break
+    return time.perf_counter() - started
 
 
 @attrs.frozen(kw_only=True)
@@ -105,6 +152,7 @@ class StoreBenchResult:
     batch: int
     append_msgs_per_s: float
     append_mb_per_s: float
+    append_cpu_us_per_msg: float
     append_single_msgs_per_s: float
     read_msgs_per_s: float
     key_lookups: int
@@ -114,11 +162,14 @@ class StoreBenchResult:
     recovered_bytes: int
     floor_msgs_per_s: float
     floor_mb_per_s: float
+    floor_cpu_us_per_msg: float
     ratio_to_floor: float
+    ratio_to_floor_cpu: float
     sync_msgs_per_s: float
     sync_producers: int
     sync_messages: int
     sync_timeouts: int
+    settle_seconds: float
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -222,9 +273,9 @@ def copy_records(mm: mmap.mmap, pos: int, records: Sequence[PutRecord]) -> int:
     return pos
 
 
-def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> float:
-    """Seconds the floor loop takes for every record, into a fresh file mapped with
-    MAP_POPULATE and pre-faulted writable (as the mmap store's allocator prepares segments)."""
+def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> Stopwatch:
+    """Time of the floor loop for every record, into a fresh file mapped with MAP_POPULATE
+    and pre-faulted writable (as the mmap store's allocator prepares segments)."""
     path = work / "floor"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -233,13 +284,12 @@ def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> float:
         # MAP_POPULATE maps a shared file's pages read-only (the first write still faults to
         # mark the page dirty); MADV_POPULATE_WRITE takes those faults now, outside the timing.
         prefault(mm, spool.total_bytes)
-        elapsed = 0.0
+        watch = Stopwatch()
         pos = 0
         try:
             for chunk in spool.chunks():
-                t0 = time.perf_counter()
-                pos = copy_records(mm, pos, chunk)
-                elapsed += time.perf_counter() - t0
+                with watch.running():
+                    pos = copy_records(mm, pos, chunk)
                 bar.update(len(chunk))
         finally:
             mm.close()
@@ -248,30 +298,28 @@ def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> float:
         path.unlink()
     if pos != spool.total_bytes:
         raise BenchError(f"floor copied {pos} bytes, expected {spool.total_bytes}")
-    return elapsed
+    return watch
 
 
 def append_batches(
     store: MessageLog, spool: Spool, batch: int, bar: tqdm[Any], *, durable: bool
-) -> float:
-    """Seconds spent in ``append`` (and ``wait_durable`` when ``durable``) for every record,
+) -> Stopwatch:
+    """Time spent in ``append`` (and ``wait_durable`` when ``durable``) for every record,
     ``batch`` records per call."""
-    elapsed = 0.0
+    watch = Stopwatch()
     for chunk in spool.chunks():
         batches = [chunk[i : i + batch] for i in range(0, len(chunk), batch)]
         if durable:
-            t0 = time.perf_counter()
-            for b in batches:
-                res = store.append(b)
-                store.wait_durable(res[-1].end_offset, SYNC_TIMEOUT_S)
-            elapsed += time.perf_counter() - t0
+            with watch.running():
+                for b in batches:
+                    res = store.append(b)
+                    store.wait_durable(res[-1].end_offset, SYNC_TIMEOUT_S)
         else:
-            t0 = time.perf_counter()
-            for b in batches:
-                store.append(b)
-            elapsed += time.perf_counter() - t0
+            with watch.running():
+                for b in batches:
+                    store.append(b)
         bar.update(len(chunk))
-    return elapsed
+    return watch
 
 
 def check_appended(store: MessageLog, expected: int, phase: str) -> None:
@@ -319,24 +367,24 @@ def lookup_keys(store: MessageLog, workload: Workload, lookups: int) -> tuple[in
     return misses, time.perf_counter() - t0
 
 
-def append_single(store: MessageLog, spool: Spool, bar: tqdm[Any], *, durable: bool) -> float:
-    """Seconds spent appending every record with one-record ``append`` calls."""
-    elapsed = 0.0
+def append_single(
+    store: MessageLog, spool: Spool, bar: tqdm[Any], *, durable: bool
+) -> Stopwatch:
+    """Time spent appending every record with one-record ``append`` calls."""
+    watch = Stopwatch()
     for chunk in spool.chunks():
         singles = [[r] for r in chunk]
         if durable:
-            t0 = time.perf_counter()
-            for one in singles:
-                res = store.append(one)
-                store.wait_durable(res[0].end_offset, SYNC_TIMEOUT_S)
-            elapsed += time.perf_counter() - t0
+            with watch.running():
+                for one in singles:
+                    res = store.append(one)
+                    store.wait_durable(res[0].end_offset, SYNC_TIMEOUT_S)
         else:
-            t0 = time.perf_counter()
-            for one in singles:
-                store.append(one)
-            elapsed += time.perf_counter() - t0
+            with watch.running():
+                for one in singles:
+                    store.append(one)
         bar.update(len(chunk))
-    return elapsed
+    return watch
 
 
 def measure_recovery(
@@ -484,17 +532,19 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
                              f"of {limit} bytes; lower --size or raise --segment-size")
 
         with _phase_dir(run, "floor") as work, _bar(opts, "floor", n) as bar:
-            floor_s = measure_floor(spool, work, bar)
-        log.info("bench_phase_done", phase="floor", seconds=round(floor_s, 3))
+            floor = measure_floor(spool, work, bar)
+        log.info("bench_phase_done", phase="floor", seconds=round(floor.wall, 3))
 
+        settled = 0.0
         with (
             _phase_dir(run, "append") as work,
             registry.open_log(opts.backend, work / "store", config) as store,
         ):
+            settled += settle()
             with _bar(opts, f"append x{opts.batch}", n) as bar:
-                append_s = append_batches(store, spool, opts.batch, bar, durable=durable)
+                append = append_batches(store, spool, opts.batch, bar, durable=durable)
             check_appended(store, n, "append")
-            log.info("bench_phase_done", phase="append", seconds=round(append_s, 3))
+            log.info("bench_phase_done", phase="append", seconds=round(append.wall, 3))
             with _bar(opts, "read", n) as bar:
                 read_count, read_s = read_all(store, bar)
             if read_count != n:
@@ -509,10 +559,11 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             _phase_dir(run, "single") as work,
             registry.open_log(opts.backend, work / "store", config) as store,
         ):
+            settled += settle()
             with _bar(opts, "append x1", n) as bar:
-                single_s = append_single(store, spool, bar, durable=durable)
+                single = append_single(store, spool, bar, durable=durable)
             check_appended(store, n, "single append")
-            log.info("bench_phase_done", phase="single", seconds=round(single_s, 3))
+            log.info("bench_phase_done", phase="single", seconds=round(single.wall, 3))
 
         with _phase_dir(run, "recovery") as work, _bar(opts, "crash child", n) as bar:
             recovery_s, recovered = measure_recovery(opts, spool, work, bar)
@@ -525,13 +576,14 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             _phase_dir(run, "sync") as work,
             registry.open_log(opts.backend, work / "store", sync_config) as store,
         ):
+            settled += settle()
             sync_s, timeouts = sync_producers(store, records, opts.producers)
             check_appended(store, sync_n, "sync")
             log.info("bench_phase_done", phase="sync", seconds=round(sync_s, 3))
         del records
 
-    append_rate = n / append_s
-    floor_rate = n / floor_s
+    append_rate = n / append.wall
+    floor_rate = n / floor.wall
     return StoreBenchResult(
         backend=opts.backend,
         flush=opts.flush.value,
@@ -540,8 +592,9 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
         record_bytes=round(record_bytes, 1),
         batch=opts.batch,
         append_msgs_per_s=append_rate,
-        append_mb_per_s=spool.total_bytes / MB / append_s,
-        append_single_msgs_per_s=n / single_s,
+        append_mb_per_s=spool.total_bytes / MB / append.wall,
+        append_cpu_us_per_msg=append.cpu / n * 1e6,
+        append_single_msgs_per_s=n / single.wall,
         read_msgs_per_s=read_count / read_s,
         key_lookups=opts.lookups,
         key_lookups_per_s=opts.lookups / lookup_s,
@@ -549,12 +602,15 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
         recovery_seconds=recovery_s,
         recovered_bytes=recovered,
         floor_msgs_per_s=floor_rate,
-        floor_mb_per_s=spool.total_bytes / MB / floor_s,
+        floor_mb_per_s=spool.total_bytes / MB / floor.wall,
+        floor_cpu_us_per_msg=floor.cpu / n * 1e6,
         ratio_to_floor=append_rate / floor_rate,
+        ratio_to_floor_cpu=floor.cpu / append.cpu,
         sync_msgs_per_s=sync_n / sync_s,
         sync_producers=opts.producers,
         sync_messages=sync_n,
         sync_timeouts=timeouts,
+        settle_seconds=round(settled, 2),
     )
 
 
@@ -569,6 +625,7 @@ def format_report(result: StoreBenchResult) -> str:
         ("append", f"{r.append_msgs_per_s:,.0f} msgs/s",
          f"{r.batch} records per call, {flush}"),
         ("append", f"{r.append_mb_per_s:,.1f} MB/s", f"{r.record_bytes:,.0f}-byte records"),
+        ("append cpu", f"{r.append_cpu_us_per_msg:,.2f} us/msg", "appending thread's CPU time"),
         ("append single", f"{r.append_single_msgs_per_s:,.0f} msgs/s", "1 record per call"),
         ("read", f"{r.read_msgs_per_s:,.0f} msgs/s",
          f"every queue, max_count={READ_MAX_COUNT}, no decoding"),
@@ -578,13 +635,15 @@ def format_report(result: StoreBenchResult) -> str:
          f"open after SIGKILL, {r.recovered_bytes / MB:,.1f} MB of log"),
         ("floor", f"{r.floor_msgs_per_s:,.0f} msgs/s",
          f"{r.floor_mb_per_s:,.1f} MB/s slice copy into a pre-faulted mmap"),
-        ("ratio to floor", f"{r.ratio_to_floor:.3f}", "append / floor"),
+        ("floor cpu", f"{r.floor_cpu_us_per_msg:,.2f} us/msg", "copying thread's CPU time"),
+        ("ratio to floor", f"{r.ratio_to_floor:.3f}", "append / floor (wall clock)"),
+        ("ratio, cpu", f"{r.ratio_to_floor_cpu:.3f}", "floor CPU / append CPU"),
         ("sync", f"{r.sync_msgs_per_s:,.0f} msgs/s",
          f"{r.sync_producers} producers, append 1 + wait_durable, {r.sync_messages:,} msgs, "
          f"{r.sync_timeouts} timeouts"),
     ]
     head = (f"evq store benchmark: backend {r.backend}, {r.messages:,} messages, "
-            f"{r.size}-byte bodies")
+            f"{r.size}-byte bodies (stores settled {r.settle_seconds:.1f} s after opening)")
     w0 = max(len(a) for a, _, _ in rows)
     w1 = max(len(b) for _, b, _ in rows)
     lines = [head, ""]
