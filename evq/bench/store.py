@@ -21,8 +21,9 @@ Each throughput phase waits after opening its store until the process is idle (:
 a fresh mmap store faults in its first two segments in the background, and racing that halves
 the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
 wall-clock time, since on a shared machine the latter moves with everything else running.
-The floor's mapping is MAP_POPULATE'd *and* pre-faulted writable: MAP_POPULATE alone leaves a
-shared file mapping's pages read-only, and the first write to each still faults.
+The floor's mapping is MAP_POPULATE'd, as the floor is defined: a shared file mapping
+populated that way still takes a light write fault on the first write to each page, which the
+store's allocator avoids by pre-faulting its segments writable off the hot path.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from tqdm import tqdm
 
 from evq.backends import registry
 from evq.backends.config import StoreConfig
-from evq.backends.mmapfile.mapped_file import prefault
 from evq.domain.log import FlushMode, GetStatus, MessageLog
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import PutRecord, put_record
@@ -274,16 +274,12 @@ def copy_records(mm: mmap.mmap, pos: int, records: Sequence[PutRecord]) -> int:
 
 
 def measure_floor(spool: Spool, work: Path, bar: tqdm[Any]) -> Stopwatch:
-    """Time of the floor loop for every record, into a fresh file mapped with MAP_POPULATE
-    and pre-faulted writable (as the mmap store's allocator prepares segments)."""
+    """Time of the floor loop for every record, into a fresh file mapped with MAP_POPULATE."""
     path = work / "floor"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.ftruncate(fd, spool.total_bytes)
         mm = mmap.mmap(fd, spool.total_bytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        # MAP_POPULATE maps a shared file's pages read-only (the first write still faults to
-        # mark the page dirty); MADV_POPULATE_WRITE takes those faults now, outside the timing.
-        prefault(mm, spool.total_bytes)
         watch = Stopwatch()
         pos = 0
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import zlib
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 import attrs
 
@@ -90,12 +91,14 @@ def split_keys(keys: str | None) -> list[str]:
     return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
 
 
+@lru_cache(maxsize=1024)
 def host_bytes(host: Host) -> bytes:
     """Address bytes plus a 4-byte big-endian port, as the record and msgIds store a host."""
     ip, port = host
     return ipaddress.ip_address(ip).packed + port.to_bytes(4, "big")
 
 
+@lru_cache(maxsize=1024)
 def is_ipv6(host: Host) -> bool:
     return ipaddress.ip_address(host[0]).version == 6
 

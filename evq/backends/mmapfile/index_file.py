@@ -184,6 +184,9 @@ class IndexFile:
         self._write_header()
 
     def flush(self) -> None:
+        # Slots are written anywhere in the file, so there is no "written up to" to track:
+        # flush it all (msync writes only the dirty pages).
+        self.file.flushed = 0
         self.file.flush()
 
     def close(self) -> None:

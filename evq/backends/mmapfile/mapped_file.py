@@ -110,10 +110,16 @@ class MappedFile:
         return self.size - self.wrote
 
     def flush(self) -> int:
-        """fdatasync what was written since the last flush; returns the new flushed position."""
+        """msync what was written since the last flush; returns the new flushed position.
+
+        Only the written range: warming dirtied the whole segment with zeros, and an
+        fdatasync of the file would write all of them on the first flush of every segment
+        (0.7 s for 1 GiB here, on the sync-flush path) and undo the warming.
+        """
         target = self.wrote
         if target > self.flushed:
-            os.fdatasync(self.fd)
+            start = self.flushed - self.flushed % mmap.ALLOCATIONGRANULARITY
+            self.mm.flush(start, target - start)
             self.flushed = target
         return self.flushed
 
