@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import attrs
 
 from evq.domain import sysflag as sf
-from evq.domain.hashing import tags_code
+from evq.domain.hashing import index_key_hash, tags_code
 from evq.domain.message import (
     NO_HOST,
     Host,
@@ -320,6 +320,13 @@ class PutRecord:
     sysflag: int
     tags_code: int
     keys: tuple[str, ...]
+    # Hashed here, when the record is built, so the index does no hashing under the put lock.
+    key_hashes: tuple[int, ...] = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: tuple(index_key_hash(self.topic, k) for k in self.keys), takes_self=True
+        ),
+    )
 
 
 TagsCodeFn = Callable[[str, Mapping[str, str], int], int]

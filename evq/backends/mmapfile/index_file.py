@@ -23,10 +23,9 @@ from __future__ import annotations
 import struct
 import time
 from pathlib import Path
-from zlib import crc32
 
 from evq.backends.mmapfile.mapped_file import MappedFile, prefault
-from evq.domain.hashing import index_key_hash, index_topic_seed
+from evq.domain.hashing import index_key_hash
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
@@ -90,8 +89,8 @@ class IndexFile:
             slot_value = ENTRY.unpack_from(mm, base + slot_value * ENTRY_SIZE)[3]
         return max(slot_value, 0)
 
-    def put(self, items: list[tuple[str, tuple[str, ...], int]], store_ts: int) -> int:
-        """Index ``(topic, keys, log offset)`` items stored at ``store_ts``; returns how many
+    def put(self, items: list[tuple[tuple[int, ...], int]], store_ts: int) -> int:
+        """Index ``(key hashes, log offset)`` items stored at ``store_ts``; returns how many
         items were indexed completely (the caller moves the rest to a new file).
 
         This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
@@ -103,19 +102,17 @@ class IndexFile:
         base = HEADER_SIZE + slots * 4
         count = self.count
         if count == 1:
-            self.begin_ts, self.begin_phys = store_ts, items[0][2]
+            self.begin_ts, self.begin_phys = store_ts, items[0][1]
         diff = (store_ts - self.begin_ts) // 1000
         if not 0 <= diff <= MAX_TIME_DIFF:
             diff = 0 if diff < 0 else MAX_TIME_DIFF
         unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
         done = 0
         used = 0
-        for topic, keys, phys in items:
-            if count + len(keys) > max_entries:
+        for hashes, phys in items:
+            if count + len(hashes) > max_entries:
                 break
-            seed = index_topic_seed(topic)
-            for key in keys:
-                h = crc32(key.encode(), seed) & 0x7FFFFFFF  # == index_key_hash(topic, key)
+            for h in hashes:
                 slot_pos = HEADER_SIZE + (h % slots) * 4
                 (head,) = unpack_slot(mm, slot_pos)
                 if head >= count or head < 0:
@@ -216,17 +213,19 @@ class IndexService:
         """Log offset of the newest indexed record; re-dispatch skips what lies below."""
         return self.files[-1].end_phys if self.files and self.files[-1].count > 1 else -1
 
-    def put(self, items: list[tuple[str, tuple[str, ...], int]], store_ts: int) -> None:
-        """Index a batch of ``(topic, keys, log offset)``, all stored at ``store_ts``."""
+    def put(self, items: list[tuple[tuple[int, ...], int]], store_ts: int) -> None:
+        """Index a batch of ``(key hashes, log offset)``, all stored at ``store_ts``; the
+        hashes are :func:`evq.domain.hashing.index_key_hash` values, computed by the caller
+        (outside the put lock on the append path)."""
         while items:
             f = self.files[-1] if self.files else None
-            if f is None or f.full or f.count + len(items[0][1]) > f.max_entries:
+            if f is None or f.full or f.count + len(items[0][0]) > f.max_entries:
                 f = self._new_file(store_ts)
             done = f.put(items, store_ts)
             if done == 0:  # more keys than a whole (fresh) file holds: split them across files
-                topic, keys, phys = items[0]
+                hashes, phys = items[0]
                 room = f.max_entries - f.count
-                items = [(topic, keys[:room], phys), (topic, keys[room:], phys), *items[1:]]
+                items = [(hashes[:room], phys), (hashes[room:], phys), *items[1:]]
                 continue
             items = items[done:]
 

@@ -39,6 +39,7 @@ from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQ
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
     AppendResult,
     DispatchCallback,
@@ -301,7 +302,8 @@ class MmapMessageLog(MessageLog):
         props = decode_properties(f.properties)
         keys = rec.index_keys_of(props, f.sysflag)
         if keys and phys > self._index.end_phys:
-            self._index.put([(f.topic, keys, phys)], f.store_timestamp)
+            hashes = tuple(index_key_hash(f.topic, k) for k in keys)
+            self._index.put([(hashes, phys)], f.store_timestamp)
         if f.sysflag & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
             return None
         key = (f.topic, f.queue_id)
@@ -364,7 +366,7 @@ class MmapMessageLog(MessageLog):
             cqs, host = self._cqs, self._host
             limit = self._max_record
             notify: list[Dispatched] | None = [] if self._subscribers else None
-            indexed: list[tuple[str, tuple[str, ...], int]] = []
+            indexed: list[tuple[tuple[int, ...], int]] = []
             pack_offsets, pack_store = _OFFSETS.pack_into, _STORE_V4.pack_into
             add = results.append
             for r in records:
@@ -404,8 +406,8 @@ class MmapMessageLog(MessageLog):
                     if notify is not None:
                         notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
                                                  now, flags))
-                if r.keys:
-                    indexed.append((r.topic, r.keys, phys))
+                if r.key_hashes:
+                    indexed.append((r.key_hashes, phys))
                 add(AppendResult(ok, phys, n, qo, now, host))
             if indexed:
                 self._index.put(indexed, now)
