@@ -18,6 +18,7 @@ FIGURES = (
     "floor_msgs_per_s",
     "ratio_to_floor",
     "sync_msgs_per_s",
+    "sync_async_msgs_per_s",
     "sync_producers",
     "messages",
     "size",

@@ -10,7 +10,8 @@ One run measures, each phase on a fresh store directory under a scratch director
 * **floor**: a plain Python loop copying the same records into a pre-faulted mapping by slice
   assignment and nothing else: what any Python store must at least spend;
 * **sync**: ``producers`` threads each looping ``append([record])`` + ``wait_durable`` on a
-  SYNC_FLUSH store (group commit).
+  SYNC_FLUSH store (group commit), then the same with ``producers`` coroutines on one event
+  loop awaiting ``on_durable`` (how the network broker waits).
 
 Records are encoded once with :func:`~evq.domain.record.put_record` before anything is timed
 and spooled to disk in pickled chunks, so every phase appends the very same bytes without
@@ -28,6 +29,7 @@ store's allocator avoids by pre-faulting its segments writable off the hot path.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import mmap
 import os
@@ -166,6 +168,8 @@ class StoreBenchResult:
     ratio_to_floor: float
     ratio_to_floor_cpu: float
     sync_msgs_per_s: float
+    sync_async_msgs_per_s: float
+    sync_async_timeouts: int
     sync_producers: int
     sync_messages: int
     sync_timeouts: int
@@ -470,6 +474,37 @@ def sync_producers(
     return seconds, sum(timeouts)
 
 
+def sync_coroutines(
+    store: MessageLog, records: list[PutRecord], producers: int
+) -> tuple[float, int]:
+    """``producers`` coroutines on one event loop, each appending one record at a time and
+    awaiting :meth:`~evq.domain.log.MessageLog.on_durable`: how the network broker waits, with
+    no thread hand-off per message; (seconds, timeouts)."""
+    shares = [records[k::producers] for k in range(producers)]
+
+    async def produce(mine: list[PutRecord]) -> int:
+        loop = asyncio.get_running_loop()
+        late = 0
+        for r in mine:
+            res = store.append([r])
+            fut: asyncio.Future[bool] = loop.create_future()
+            store.on_durable(
+                res[0].end_offset,
+                lambda ok, f=fut: loop.call_soon_threadsafe(f.set_result, ok),
+                SYNC_TIMEOUT_S,
+            )
+            if not await fut:
+                late += 1
+        return late
+
+    async def main() -> int:
+        return sum(await asyncio.gather(*(produce(share) for share in shares)))
+
+    t0 = time.perf_counter()
+    timeouts = asyncio.run(main())
+    return time.perf_counter() - t0, timeouts
+
+
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -576,6 +611,14 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             sync_s, timeouts = sync_producers(store, records, opts.producers)
             check_appended(store, sync_n, "sync")
             log.info("bench_phase_done", phase="sync", seconds=round(sync_s, 3))
+        with (
+            _phase_dir(run, "sync-async") as work,
+            registry.open_log(opts.backend, work / "store", sync_config) as store,
+        ):
+            settled += settle()
+            sync_co_s, co_timeouts = sync_coroutines(store, records, opts.producers)
+            check_appended(store, sync_n, "sync coroutines")
+            log.info("bench_phase_done", phase="sync-async", seconds=round(sync_co_s, 3))
         del records
 
     append_rate = n / append.wall
@@ -603,6 +646,8 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
         ratio_to_floor=append_rate / floor_rate,
         ratio_to_floor_cpu=floor.cpu / append.cpu,
         sync_msgs_per_s=sync_n / sync_s,
+        sync_async_msgs_per_s=sync_n / sync_co_s,
+        sync_async_timeouts=co_timeouts,
         sync_producers=opts.producers,
         sync_messages=sync_n,
         sync_timeouts=timeouts,
@@ -637,6 +682,9 @@ def format_report(result: StoreBenchResult) -> str:
         ("sync", f"{r.sync_msgs_per_s:,.0f} msgs/s",
          f"{r.sync_producers} producers, append 1 + wait_durable, {r.sync_messages:,} msgs, "
          f"{r.sync_timeouts} timeouts"),
+        ("sync, asyncio", f"{r.sync_async_msgs_per_s:,.0f} msgs/s",
+         f"{r.sync_producers} coroutines, append 1 + on_durable, "
+         f"{r.sync_async_timeouts} timeouts"),
     ]
     head = (f"evq store benchmark: backend {r.backend}, {r.messages:,} messages, "
             f"{r.size}-byte bodies (stores settled {r.settle_seconds:.1f} s after opening)")
