@@ -474,6 +474,35 @@ def sync_producers(
     return seconds, sum(timeouts)
 
 
+class DurableWaker:
+    """Bridges the flusher thread to an event loop with one wake-up per flush round, not one
+    per message: completions are queued and drained by a single scheduled callback."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._done: list[tuple[asyncio.Future[bool], bool]] = []
+        self._lock = threading.Lock()
+
+    def wait(self, store: MessageLog, end_offset: int, timeout: float) -> asyncio.Future[bool]:
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        store.on_durable(end_offset, lambda ok: self._complete(fut, ok), timeout)
+        return fut
+
+    def _complete(self, fut: asyncio.Future[bool], ok: bool) -> None:
+        with self._lock:
+            first = not self._done
+            self._done.append((fut, ok))
+        if first:
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            done, self._done = self._done, []
+        for fut, ok in done:
+            if not fut.done():
+                fut.set_result(ok)
+
+
 def sync_coroutines(
     store: MessageLog, records: list[PutRecord], producers: int
 ) -> tuple[float, int]:
@@ -482,23 +511,17 @@ def sync_coroutines(
     no thread hand-off per message; (seconds, timeouts)."""
     shares = [records[k::producers] for k in range(producers)]
 
-    async def produce(mine: list[PutRecord]) -> int:
-        loop = asyncio.get_running_loop()
+    async def produce(mine: list[PutRecord], waker: DurableWaker) -> int:
         late = 0
         for r in mine:
             res = store.append([r])
-            fut: asyncio.Future[bool] = loop.create_future()
-            store.on_durable(
-                res[0].end_offset,
-                lambda ok, f=fut: loop.call_soon_threadsafe(f.set_result, ok),
-                SYNC_TIMEOUT_S,
-            )
-            if not await fut:
+            if not await waker.wait(store, res[0].end_offset, SYNC_TIMEOUT_S):
                 late += 1
         return late
 
     async def main() -> int:
-        return sum(await asyncio.gather(*(produce(share) for share in shares)))
+        waker = DurableWaker(asyncio.get_running_loop())
+        return sum(await asyncio.gather(*(produce(share, waker) for share in shares)))
 
     t0 = time.perf_counter()
     timeouts = asyncio.run(main())
