@@ -626,22 +626,17 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
         sync_n = min(opts.sync_messages, n)
         records = spool.first(sync_n)
         sync_config = opts.store_config(FlushMode.SYNC_FLUSH)
-        with (
-            _phase_dir(run, "sync") as work,
-            registry.open_log(opts.backend, work / "store", sync_config) as store,
-        ):
-            settled += settle()
-            sync_s, timeouts = sync_producers(store, records, opts.producers)
-            check_appended(store, sync_n, "sync")
-            log.info("bench_phase_done", phase="sync", seconds=round(sync_s, 3))
-        with (
-            _phase_dir(run, "sync-async") as work,
-            registry.open_log(opts.backend, work / "store", sync_config) as store,
-        ):
-            settled += settle()
-            sync_co_s, co_timeouts = sync_coroutines(store, records, opts.producers)
-            check_appended(store, sync_n, "sync coroutines")
-            log.info("bench_phase_done", phase="sync-async", seconds=round(sync_co_s, 3))
+        sync_figures = []
+        for phase, producer in (("sync", sync_producers), ("sync-async", sync_coroutines)):
+            with (
+                _phase_dir(run, phase) as work,
+                registry.open_log(opts.backend, work / "store", sync_config) as store,
+            ):
+                settled += settle()
+                sync_figures.append(producer(store, records, opts.producers))
+                check_appended(store, sync_n, phase)
+                log.info("bench_phase_done", phase=phase, seconds=round(sync_figures[-1][0], 3))
+        (sync_s, timeouts), (sync_co_s, co_timeouts) = sync_figures
         del records
 
     append_rate = n / append.wall
