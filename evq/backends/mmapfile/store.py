@@ -224,7 +224,12 @@ class MmapMessageLog(MessageLog):
             start_i = max(0, len(files) - _RECOVER_LAST_FILES)
         covered = max((self._cq_coverage(cq) for cq in self._cqs.values()), default=0)
         covered = max(covered, files[0].start)
-        dispatch_from = min(covered, files[start_i].start) if abnormal else covered
+        # The index of an appended batch is written after its records' ConsumeQueue entries,
+        # so after a crash it may lag them; re-dispatch from wherever either projection stops
+        # (not earlier than the checkpoint's segment: a record without keys leaves the index
+        # end behind without anything missing), rather than re-dispatching whole segments.
+        index_covered = max(self._index.end_phys, files[start_i].start)
+        dispatch_from = min(covered, index_covered) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
             mf.wrote = mf.flushed = mf.size
