@@ -16,14 +16,10 @@ INNER_BATCH = 0x80
 COMPRESSION_TYPE_MASK = 0x700
 
 
-def transaction_type(sysflag: int) -> int:
-    return sysflag & TRANSACTION_MASK
+NOT_CONSUMABLE = frozenset({TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE})
+"""Transaction types that get no ConsumeQueue entry (test ``sysflag & TRANSACTION_MASK``)."""
 
 
 def has_consume_queue_entry(sysflag: int) -> bool:
     """Only plain and committed records are consumable; prepared and rollback ones are not."""
-    return sysflag & TRANSACTION_MASK in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
-
-
-def set_transaction_type(sysflag: int, kind: int) -> int:
-    return (sysflag & ~TRANSACTION_MASK) | kind
+    return sysflag & TRANSACTION_MASK not in NOT_CONSUMABLE

@@ -170,9 +170,6 @@ class ConsumeQueue:
         self.files.close()
         self._last = None
 
-    def destroy(self) -> None:
-        self.files.destroy()
-        self._last = None
 
 
 def _fill_blanks(mf: MappedFile, upto: int) -> None:

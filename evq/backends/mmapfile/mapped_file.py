@@ -344,11 +344,3 @@ class MappedFileQueue:
                 mf.close()
             self.files = []
 
-    def destroy(self) -> None:
-        with self.lock:
-            for mf in self.files:
-                mf.destroy()
-            self.files = []
-        with contextlib.suppress(OSError):
-            self.directory.rmdir()
-

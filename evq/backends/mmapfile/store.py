@@ -67,7 +67,6 @@ _INT64 = rec.INT64
 _INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
 _HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
-_NOT_CONSUMABLE = {sf.TRANSACTION_PREPARED_TYPE, sf.TRANSACTION_ROLLBACK_TYPE}
 _MAX_CLOCK_SKEW_MS = 24 * 3600 * 1000
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 
@@ -309,7 +308,7 @@ class MmapMessageLog(MessageLog):
         if keys and phys > self._index.end_phys:
             hashes = tuple(index_key_hash(f.topic, k) for k in keys)
             self._index.put([(hashes, phys)], f.store_timestamp)
-        if f.sysflag & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
+        if f.sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE:
             return None
         key = (f.topic, f.queue_id)
         cq = self._cqs.get(key) or self._new_cq(*key)
@@ -391,7 +390,7 @@ class MmapMessageLog(MessageLog):
                 # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
                 # the encoder), and decide where the store fields are patched.
                 flags = (r.sysflag & ~_HOST_V6) | (data[39] & _HOST_V6)
-                if flags & sf.TRANSACTION_MASK in _NOT_CONSUMABLE:
+                if flags & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE:
                     qo = 0
                     cq = None
                 else:
