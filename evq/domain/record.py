@@ -38,6 +38,7 @@ Batch bodies sent by producers (``batch=true``) use a shorter inner form, one pe
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -105,8 +106,6 @@ def _host_len(sysflag: int, bit: int) -> int:
 
 
 def _host_from(raw: bytes | memoryview) -> Host:
-    import ipaddress
-
     addr = ipaddress.ip_address(bytes(raw[:-4]))
     return (str(addr), int.from_bytes(raw[-4:], "big"))
 
