@@ -1,0 +1,720 @@
+"""The broker's logic over a MessageLog and a MetadataStore: embeddable, no I/O of its own.
+
+The network broker and :mod:`evq.embedded` are shells around :class:`Broker`: they decode
+requests, call one method, and frame its answer.  Everything that takes time (delay delivery,
+deliver-at timers, transaction check-back, offset snapshots) happens in :meth:`Broker.tick`,
+which reads the injected clock, so the shells decide the threads and tests decide the time.
+
+Metadata follows tenet 1: every change is a :class:`~evq.domain.metadata.MetaEvent` appended
+to the log first and applied by :meth:`Broker.catch_up` from there, the same path a slave
+replaying the replicated log takes.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import structlog
+
+from evq.domain import sysflag as sf
+from evq.domain import topics as tp
+from evq.domain.broker_config import BrokerConfig
+from evq.domain.clock import Clock
+from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
+from evq.domain.delay import DelayLevels
+from evq.domain.groups import SubscriptionGroupConfig
+from evq.domain.hashing import tags_code
+from evq.domain.log import AppendResult, GetStatus, MessageLog, PutStatus
+from evq.domain.message import (
+    MAX_PROPERTIES_BYTES,
+    Message,
+    Prop,
+    decode_properties,
+    encode_properties,
+)
+from evq.domain.metadata import (
+    Change,
+    MetadataState,
+    MetadataStore,
+    MetaEvent,
+    OffsetKey,
+    Table,
+    Watermark,
+    group_delete,
+    group_put,
+    offsets_snapshot,
+    topic_delete,
+    topic_put,
+)
+from evq.domain.record import (
+    PutRecord,
+    RecordError,
+    TagsCodeFn,
+    decode,
+    put_record,
+    read_fields,
+)
+
+if TYPE_CHECKING:
+    from evq.domain.filters import Subscription
+
+log = structlog.get_logger(__name__)
+
+_META_READ_BATCH = 256
+
+
+def tags_code_fn(levels: DelayLevels) -> TagsCodeFn:
+    """The ConsumeQueue tags code the broker's log must use: the due time for scheduled and
+    timed messages (so their services read due times from the queue), the tag hash otherwise."""
+
+    def code(topic: str, props: Mapping[str, str], store_ts: int) -> int:
+        try:
+            if topic == tp.SCHEDULE_TOPIC:
+                return store_ts + levels.delay_ms(max(1, int(props.get(Prop.DELAY, "1"))))
+            if topic == tp.TIMER_TOPIC:
+                return int(props[Prop.START_DELIVER_TIME])
+        except (KeyError, ValueError):
+            pass  # a hand-made record in a system topic: fall back to the tag hash
+        return tags_code(props.get(Prop.TAGS))
+
+    return code
+
+
+@attrs.frozen(slots=True)
+class SendResult:
+    """What a send stored; ``code`` is the RocketMQ response code for ``status``."""
+
+    status: PutStatus
+    topic: str
+    queue_id: int
+    appended: tuple[AppendResult, ...]
+
+    @property
+    def code(self) -> ResponseCode:
+        return PUT_STATUS_CODES[self.status]
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+    @property
+    def msg_id(self) -> str:
+        """Offset msgIds of every stored message, comma-joined as RocketMQ answers a batch."""
+        return ",".join(a.msg_id for a in self.appended)
+
+    @property
+    def queue_offset(self) -> int:
+        return self.appended[0].queue_offset if self.appended else -1
+
+    @property
+    def end_offset(self) -> int:
+        """The log offset a durability (or slave) wait must reach."""
+        return max((a.end_offset for a in self.appended), default=0)
+
+
+@attrs.frozen(slots=True)
+class PullResult:
+    """A pull answer: the response code and header fields RocketMQ sends, and raw records."""
+
+    code: ResponseCode
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_which_broker_id: int
+    records: list[memoryview] = attrs.field(factory=list)
+    queue_offsets: list[int] = attrs.field(factory=list)
+
+    def messages(self) -> list[Message]:
+        return [decode(r, check_crc=False) for r in self.records]
+
+
+@attrs.frozen(slots=True)
+class QueueStat:
+    """One row of consume stats (RocketMQ ``OffsetWrapper`` plus the lag it implies)."""
+
+    topic: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    last_timestamp: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.broker_offset - max(self.consumer_offset, 0))
+
+
+class Broker:
+    """One broker's logic.  Thread-safe: metadata and offsets change under one lock, the log
+    serializes appends itself."""
+
+    def __init__(
+        self,
+        message_log: MessageLog,
+        metadata: MetadataStore,
+        config: BrokerConfig | None = None,
+        *,
+        clock: Clock,
+    ) -> None:
+        self.config = config or BrokerConfig()
+        self.log = message_log
+        self.clock = clock
+        self.delay_levels = DelayLevels.parse(self.config.message_delay_level)
+        self._code = tags_code_fn(self.delay_levels)
+        self._meta = metadata
+        self._lock = threading.RLock()
+        rows, watermark = metadata.load()
+        self._state = MetadataState.from_rows(rows)
+        self._watermark = self._checked_watermark(watermark)
+        self._offsets: dict[OffsetKey, int] = {}
+        self._dirty: set[OffsetKey] = set()
+        self._pending_resets: dict[OffsetKey, int] = {}
+        self._next_snapshot_ms = clock.now_ms() + self.config.offset_snapshot_interval_ms
+        self._tick_hooks: list[Callable[[int], None]] = []
+        self._closed = False
+        self.catch_up()
+        self._offsets.update(self._state.offsets)
+        if not self.config.is_slave:
+            self._create_system_topics()
+
+    # --- metadata: events in, projection out -------------------------------------------------
+
+    def _checked_watermark(self, w: Watermark) -> Watermark:
+        """A projection ahead of the log means the log lost its tail (power loss on an
+        unflushed write): keep the richer projection, and apply new events from the log end."""
+        _lo, hi = self.log.bounds(tp.META_TOPIC, 0)
+        if w.queue_offset > hi:
+            log.warning("metadata_ahead_of_log", watermark=w.queue_offset, log_end=hi)
+            return Watermark(hi, self.log.max_physical_offset)
+        return w
+
+    def catch_up(self) -> int:
+        """Apply metadata events the log holds beyond the watermark; returns how many."""
+        applied = 0
+        with self._lock:
+            while True:
+                w = self._watermark
+                r = self.log.read(tp.META_TOPIC, 0, w.queue_offset, max_count=_META_READ_BATCH,
+                                  max_bytes=4 * 1024 * 1024)
+                if r.status is GetStatus.OFFSET_TOO_SMALL:  # events expired: the projection
+                    self._watermark = Watermark(r.next_offset, w.physical_offset)  # holds them
+                    continue
+                if r.status is not GetStatus.FOUND:
+                    return applied
+                changes: list[Change] = []
+                for view, qo in zip(r.records, r.queue_offsets, strict=True):
+                    m = decode(view, check_crc=False)
+                    try:
+                        ev = MetaEvent.decode(m.tags, m.body)
+                    except ValueError as exc:
+                        log.error("bad_metadata_event", queue_offset=qo, error=str(exc))
+                    else:
+                        applied_changes = self._state.apply(ev)
+                        self._follow_offsets(applied_changes)
+                        changes += applied_changes
+                    w = Watermark(qo + 1, m.commit_log_offset + len(view))
+                self._meta.commit(changes, w)
+                self._watermark = w
+                applied += len(r.records)
+
+    def _follow_offsets(self, changes: Sequence[Change]) -> None:
+        """Offsets applied from the log reach the live table unless a newer commit is pending
+        here (a master applying its own snapshot must not move a consumer back)."""
+        for c in changes:
+            if c.table is Table.OFFSETS and c.key not in self._dirty:
+                key = (str(c.key[0]), str(c.key[1]), int(c.key[2]))
+                if c.value is None:
+                    self._offsets.pop(key, None)
+                else:
+                    self._offsets[key] = int(c.value)  # type: ignore[call-overload]
+
+    def record_events(self, events: Sequence[MetaEvent], messages: Sequence[Message] = ()
+                      ) -> list[AppendResult]:
+        """Append ``messages`` then ``events`` in one batch, make them durable, and apply the
+        events.  Services pass their progress here with the messages it covers, so a crash
+        between the two redelivers at most that batch."""
+        if self.config.is_slave:
+            raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                              "a slave takes no writes; send to the master")
+        now = self.clock.now_ms()
+        records = [self._record(m) for m in messages]
+        records += [self._record(self._meta_message(ev, now)) for ev in events]
+        results = self.log.append(records)
+        failed = [r for r in results if r.status is not PutStatus.PUT_OK]
+        if failed:
+            raise BrokerError(PUT_STATUS_CODES[failed[0].status],
+                              f"storing broker records failed: {failed[0].status.value}")
+        if events:
+            self.log.wait_durable(results[-1].end_offset, self.config.sync_flush_timeout_ms / 1000)
+            self.catch_up()
+        return results
+
+    def _meta_message(self, ev: MetaEvent, now: int) -> Message:
+        return Message(topic=tp.META_TOPIC, body=ev.body(),
+                       properties={Prop.TAGS: ev.kind.value}, born_timestamp=now,
+                       born_host=self.config.store_host, store_host=self.config.store_host)
+
+    def _record(self, m: Message) -> PutRecord:
+        m.store_host = self.config.store_host
+        return put_record(m, tags_code_fn=self._tags_code)
+
+    def _tags_code(self, topic: str, props: Mapping[str, str], _unstored: int) -> int:
+        """A message being sent has no store time yet; the log stamps about now."""
+        return self._code(topic, props, self.clock.now_ms())
+
+    def _create_system_topics(self) -> None:
+        levels = self.delay_levels.max_level
+        wanted = [
+            tp.TopicConfig(topic_name=tp.SCHEDULE_TOPIC, read_queue_nums=levels,
+                           write_queue_nums=levels),
+            *(tp.TopicConfig(topic_name=name, read_queue_nums=1, write_queue_nums=1)
+              for name in (tp.TRANS_HALF_TOPIC, tp.TRANS_OP_HALF_TOPIC, tp.SELF_TEST_TOPIC)),
+        ]
+        if self.config.auto_create_topic_enable:
+            n = self.config.default_topic_queue_nums
+            wanted.append(tp.TopicConfig(topic_name=tp.AUTO_CREATE_TOPIC, read_queue_nums=n,
+                                         write_queue_nums=n, perm=tp.PERM_RW | tp.PERM_INHERIT))
+        missing = [t for t in wanted if t.topic_name not in self._state.topics]
+        if missing:
+            self.record_events([topic_put(t) for t in missing])
+
+    def progress(self, service: str) -> object:
+        """A service's last recorded progress (see :func:`evq.domain.metadata.progress`)."""
+        with self._lock:
+            return self._state.progress.get(service)
+
+    # --- topics and groups ------------------------------------------------------------------
+
+    def topic(self, name: str) -> tp.TopicConfig | None:
+        with self._lock:
+            return self._state.topics.get(name)
+
+    def topics(self) -> dict[str, tp.TopicConfig]:
+        with self._lock:
+            return dict(self._state.topics)
+
+    def create_topic(self, config: tp.TopicConfig) -> tp.TopicConfig:
+        """Create or update a topic (RocketMQ's UPDATE_AND_CREATE_TOPIC)."""
+        if config.topic_name in tp.NOT_ALLOWED_SEND or config.topic_name == tp.AUTO_CREATE_TOPIC:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"The topic[{config.topic_name}] is conflict with system topic.")
+        self.record_events([topic_put(config)])
+        return config
+
+    def delete_topic(self, name: str) -> None:
+        if self.topic(name) is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{name}] not exist")
+        self.record_events([topic_delete(name)])
+
+    def group(self, name: str) -> SubscriptionGroupConfig | None:
+        with self._lock:
+            return self._state.groups.get(name)
+
+    def groups(self) -> dict[str, SubscriptionGroupConfig]:
+        with self._lock:
+            return dict(self._state.groups)
+
+    def create_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        self.record_events([group_put(config)])
+        return config
+
+    def delete_group(self, name: str) -> None:
+        if self.group(name) is None:
+            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                              f"subscription group[{name}] not exist")
+        with self._lock:
+            for key in [k for k in self._offsets if k[0] == name]:
+                del self._offsets[key]
+                self._dirty.discard(key)
+        self.record_events([group_delete(name)])
+
+    def ensure_group(self, name: str) -> SubscriptionGroupConfig:
+        """The group's config, auto-created with defaults when the broker allows it."""
+        found = self.group(name)
+        if found is not None:
+            return found
+        if not self.config.auto_create_subscription_group:
+            raise BrokerError(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                              f"subscription group [{name}] does not exist")
+        if self.config.is_slave:  # the master records it; until then serve with the defaults
+            return SubscriptionGroupConfig(group_name=name)
+        return self.create_group(SubscriptionGroupConfig(group_name=name))
+
+    def ensure_topic(self, name: str, queues: int = 1, perm: int = tp.PERM_RW) -> tp.TopicConfig:
+        """A broker-made topic (retry, DLQ): created on first use."""
+        found = self.topic(name)
+        if found is not None:
+            return found
+        config = tp.TopicConfig(topic_name=name, read_queue_nums=queues, write_queue_nums=queues,
+                                perm=perm)
+        self.record_events([topic_put(config)])
+        return config
+
+    def _topic_for_send(self, topic: str, default_topic: str, default_queue_nums: int
+                        ) -> tp.TopicConfig:
+        found = self.topic(topic)
+        if found is not None:
+            return found
+        if topic.startswith(tp.RETRY_PREFIX):
+            group = self.ensure_group(topic[len(tp.RETRY_PREFIX):])
+            return self.ensure_topic(topic, max(1, group.retry_queue_nums))
+        template = self.topic(default_topic) if self.config.auto_create_topic_enable else None
+        if template is None or not template.perm & tp.PERM_INHERIT:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+                              f"topic[{topic}] not exist, apply first please!")
+        n = max(1, min(default_queue_nums, template.write_queue_nums))
+        log.info("topic_auto_created", topic=topic, queues=n, template=default_topic)
+        return self.ensure_topic(topic, n, template.perm & ~tp.PERM_INHERIT)
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def put(
+        self,
+        messages: Sequence[Message],
+        *,
+        default_topic: str = tp.AUTO_CREATE_TOPIC,
+        default_topic_queue_nums: int = 4,
+        max_reconsume_times: int | None = None,
+    ) -> SendResult:
+        """Store one message, or a batch (same topic and queue), as a send request does.
+
+        Durability is not awaited: wait on :attr:`SendResult.end_offset` per the flush policy
+        (:meth:`send` does).  Raises :class:`BrokerError` for refusals.
+        """
+        if not messages:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "nothing to send")
+        first = messages[0]
+        self._check_writable()
+        tp.check_send_allowed(first.topic)
+        config = self._topic_for_send(first.topic, default_topic, default_topic_queue_nums)
+        if not config.writable:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"the topic[{first.topic}] sending message is forbidden")
+        queue_id = first.queue_id
+        if queue_id < 0:
+            queue_id = random.randrange(max(1, config.write_queue_nums))
+        if queue_id >= config.queue_count:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"request queueId[{queue_id}] is illegal, {config} "
+                              f"Producer: {self.config.store_host}")
+        batch = len(messages) > 1
+        stored: list[Message] = []
+        for m in messages:
+            if m.topic != first.topic:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "every message of a batch must have the same topic")
+            self._check_size(m)
+            m.queue_id = queue_id
+            if batch and (m.properties.get(Prop.DELAY, "0") not in ("", "0")
+                          or _is_half(m)):
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "a batch may not hold delayed or transactional messages")
+            stored.append(self.route(m, max_reconsume_times))
+        records = [self._record(m) for m in stored]
+        results = tuple(self.log.append(records))
+        status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
+                      PutStatus.PUT_OK)
+        return SendResult(status, stored[0].topic, stored[0].queue_id, results)
+
+    def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
+        """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        result = self.put(batch, **kwargs)  # type: ignore[arg-type]
+        if result.ok and not self.log.wait_durable(
+            result.end_offset, self.config.sync_flush_timeout_ms / 1000
+        ):
+            return attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    def _check_writable(self) -> None:
+        if self.config.is_slave:
+            raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                              "the broker is a slave and takes no sends; send to the master")
+        if not self.config.broker_permission & tp.PERM_WRITE:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"the broker[{self.config.broker_name}] sending message is forbidden")
+
+    def _check_size(self, m: Message) -> None:
+        if len(m.body) > self.config.max_message_size:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"message body size {len(m.body)} exceeds the maximum "
+                              f"{self.config.max_message_size}")
+        if len(encode_properties(m.properties).encode()) > MAX_PROPERTIES_BYTES:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+
+    def route(self, m: Message, max_reconsume_times: int | None = None) -> Message:
+        """Where a sent message is really stored: retry overflow goes to the DLQ, half
+        messages to the half topic, deliver-at and delayed messages to their services."""
+        props = m.properties
+        props.pop(Prop.WAIT, None)
+        props[Prop.CLUSTER] = self.config.broker_cluster_name
+        if m.topic.startswith(tp.RETRY_PREFIX):
+            group = self.ensure_group(m.topic[len(tp.RETRY_PREFIX):])
+            limit = group.retry_max_times if max_reconsume_times is None else max_reconsume_times
+            if m.reconsume_times >= limit:
+                return self.to_dlq(m, group.group_name)
+        if _is_half(m):
+            if self.config.reject_transaction_message:
+                raise BrokerError(ResponseCode.NO_PERMISSION,
+                                  f"the broker[{self.config.broker_name}] sending transaction "
+                                  "message is forbidden")
+            return self._redirect(m, tp.TRANS_HALF_TOPIC, 0,
+                                  sysflag=m.sysflag & ~sf.TRANSACTION_MASK)
+        deliver_at = _int_prop(props, Prop.START_DELIVER_TIME)
+        if deliver_at > self.clock.now_ms():
+            return self._redirect(m, tp.TIMER_TOPIC, 0)
+        props.pop(Prop.START_DELIVER_TIME, None)
+        level = _int_prop(props, Prop.DELAY)
+        if level > 0 and m.sysflag & sf.TRANSACTION_MASK in (
+            sf.TRANSACTION_NOT_TYPE, sf.TRANSACTION_COMMIT_TYPE
+        ):
+            level = self.delay_levels.clamp(level)
+            props[Prop.DELAY] = str(level)
+            return self._redirect(m, tp.SCHEDULE_TOPIC, self.delay_levels.queue_of(level))
+        return m
+
+    def to_dlq(self, m: Message, group: str) -> Message:
+        topic = tp.dlq_topic(group)
+        self.ensure_topic(topic, 1)
+        log.info("message_dead_lettered", group=group, reconsume_times=m.reconsume_times)
+        m.properties.pop(Prop.DELAY, None)
+        m.topic, m.queue_id = topic, 0
+        return m
+
+    @staticmethod
+    def _redirect(m: Message, topic: str, queue_id: int, sysflag: int | None = None) -> Message:
+        m.properties[Prop.REAL_TOPIC] = m.topic
+        m.properties[Prop.REAL_QID] = str(m.queue_id)
+        m.topic, m.queue_id = topic, queue_id
+        if sysflag is not None:
+            m.sysflag = sysflag
+        return m
+
+    def store(self, messages: Iterable[Message]) -> list[AppendResult]:
+        """Append broker-made messages as they are (services re-putting due messages)."""
+        return self.log.append([self._record(m) for m in messages])
+
+    # --- pulling ------------------------------------------------------------------------------
+
+    def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_count: int = 32,
+        subscription: Subscription | None = None,
+        commit_offset: int | None = None,
+    ) -> PullResult:
+        """One pull as PullMessageProcessor answers it: pre-checks, commit-on-pull, the store
+        read with tag-hash filtering, the exact filter, and the response code and next offset
+        the clients act on."""
+        group_config = self.ensure_group(group)
+        if not self.config.broker_permission & tp.PERM_READ:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"the broker[{self.config.broker_name}] pulling message is forbidden")
+        if not group_config.consume_enable:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"subscription group no permission, {group}")
+        config = self.topic(topic)
+        if config is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST,
+                              f"topic[{topic}] not exist, apply first please!")
+        if not config.readable:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"the topic[{topic}] pulling message is forbidden")
+        if not 0 <= queue_id < config.read_queue_nums:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"queueId[{queue_id}] is illegal, topic:[{topic}] "
+                              f"topicConfig.readQueueNums:[{config.read_queue_nums}]")
+        if commit_offset is not None and not self.config.is_slave:
+            self.commit_offset(group, topic, queue_id, commit_offset)
+        key = (group, topic, queue_id)
+        with self._lock:
+            reset = self._pending_resets.get(key)
+            if reset is not None and reset != offset:
+                lo, hi = self.log.bounds(topic, queue_id)
+                return PullResult(ResponseCode.PULL_OFFSET_MOVED, GetStatus.OFFSET_TOO_SMALL,
+                                  reset, lo, hi, 0)
+            self._pending_resets.pop(key, None)
+        tag_filter = subscription.tag_filter if subscription is not None else None
+        r = self.log.read(topic, queue_id, offset, max_count=max_count, tag_filter=tag_filter)
+        records, qos, status = r.records, r.queue_offsets, r.status
+        if records and subscription is not None and subscription.needs_exact_check:
+            kept = [(v, q) for v, q in zip(records, qos, strict=True)
+                    if _exact_match(subscription, v)]
+            records, qos = [v for v, _ in kept], [q for _, q in kept]
+            if not records:
+                status = GetStatus.NO_MATCHED_MESSAGE
+        code, next_offset = self._pull_code(status, offset, r.next_offset)
+        suggest = self._suggest_broker(group_config, r.last_physical_offset)
+        if self.config.is_slave and not self.config.slave_read_enable:
+            code, suggest, records, qos = ResponseCode.PULL_RETRY_IMMEDIATELY, 0, [], []
+            next_offset = offset
+        return PullResult(code, status, next_offset, r.min_offset, r.max_offset, suggest,
+                          records, qos)
+
+    def _pull_code(self, status: GetStatus, offset: int, next_offset: int
+                   ) -> tuple[ResponseCode, int]:
+        """Response code and nextBeginOffset; a slave does not correct offsets (RocketMQ's
+        ``offsetCheckInSlave`` off)."""
+        if status is GetStatus.FOUND:
+            return ResponseCode.SUCCESS, next_offset
+        if status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
+            return ResponseCode.PULL_RETRY_IMMEDIATELY, next_offset
+        if status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUND_NULL) or (
+            status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE)
+            and offset == 0
+        ):
+            return ResponseCode.PULL_NOT_FOUND, next_offset
+        if self.config.is_slave:
+            return ResponseCode.PULL_NOT_FOUND, offset
+        return ResponseCode.PULL_OFFSET_MOVED, next_offset
+
+    def _suggest_broker(self, group: SubscriptionGroupConfig, last_physical: int) -> int:
+        """Seed 000: read from a slave when the pull is further behind the log head than the
+        share of memory the page cache is expected to hold."""
+        if not self.config.slave_read_enable:
+            return 0
+        behind = self.log.max_physical_offset - last_physical if last_physical >= 0 else 0
+        in_memory = (self.config.total_memory_bytes
+                     * self.config.access_message_in_memory_max_ratio // 100)
+        return group.which_broker_when_consume_slowly if behind > in_memory else group.broker_id
+
+    # --- consumer offsets -----------------------------------------------------------------------
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        key = (group, topic, queue_id)
+        with self._lock:
+            if self._offsets.get(key) != offset:
+                self._offsets[key] = offset
+                self._dirty.add(key)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one for this queue."""
+        with self._lock:
+            return self._offsets.get((group, topic, queue_id), -1)
+
+    def offsets(self, group: str | None = None) -> dict[OffsetKey, int]:
+        with self._lock:
+            return {k: v for k, v in self._offsets.items() if group is None or k[0] == group}
+
+    def snapshot_offsets(self) -> int:
+        """Record changed offsets as one metadata event; returns how many."""
+        with self._lock:
+            changed = sorted(self._dirty)
+            entries = [(k, self._offsets[k]) for k in changed if k in self._offsets]
+            self._dirty.clear()
+        if entries and not self.config.is_slave:
+            self.record_events([offsets_snapshot(entries)])
+        return len(entries)
+
+    def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int, *,
+                             force: bool = True) -> dict[int, int]:
+        """Seed 002: per queue, the first offset stored at or after ``timestamp_ms``.
+
+        Without ``force`` a queue only moves back.  The new offsets are committed and snapshot
+        at once, and the next pull of the group on each queue at another offset is answered
+        PULL_OFFSET_MOVED to the new one, so push and pull consumers alike take it even when
+        nobody tells them (the open question at the end of seed 002).
+        """
+        config = self.topic(topic)
+        if config is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        self.ensure_group(group)
+        moved: dict[int, int] = {}
+        with self._lock:
+            for qid in range(config.read_queue_nums):
+                target = self.log.offset_for_time(topic, qid, timestamp_ms)
+                current = self._offsets.get((group, topic, qid), -1)
+                if force or current < 0 or target < current:
+                    key = (group, topic, qid)
+                    self._offsets[key] = target
+                    self._dirty.add(key)
+                    self._pending_resets[key] = target
+                    moved[qid] = target
+        self.snapshot_offsets()
+        log.info("offsets_reset", group=group, topic=topic, timestamp=timestamp_ms, queues=moved)
+        return moved
+
+    def consume_stats(self, group: str, topic: str | None = None) -> list[QueueStat]:
+        """Lag per queue for every topic the group has offsets in (or the one named)."""
+        with self._lock:
+            keys = sorted(k for k in self._offsets if k[0] == group
+                          and (topic is None or k[1] == topic))
+            committed = {k: self._offsets[k] for k in keys}
+        stats = []
+        for (_g, t, q), off in committed.items():
+            _lo, hi = self.log.bounds(t, q)
+            last = self.log.store_time_at(t, q, off - 1) if off > 0 else -1
+            stats.append(QueueStat(t, q, hi, off, max(last, 0)))
+        return stats
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def view_by_offset(self, physical_offset: int) -> Message:
+        view = self.log.lookup(physical_offset)
+        if view is None:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"no message at commit log offset {physical_offset}")
+        return decode(view)
+
+    def query_by_key(self, topic: str, key: str, max_count: int = 32, begin_ms: int = 0,
+                     end_ms: int = 2**63 - 1) -> list[Message]:
+        r = self.log.query_keys(topic, key, max_count, begin_ms, end_ms)
+        return [decode(v) for v in r.records]
+
+    # --- background duties --------------------------------------------------------------------
+
+    def add_tick_hook(self, hook: Callable[[int], None]) -> None:
+        """Services (delay, timers, transaction checks) run from :meth:`tick`."""
+        self._tick_hooks.append(hook)
+
+    def tick(self) -> None:
+        """Run whatever is due at the clock's current time; the shells call this often
+        (every 100 ms or so), tests after advancing a ManualClock."""
+        if self.config.is_slave:
+            self.catch_up()
+            return
+        now = self.clock.now_ms()
+        for hook in self._tick_hooks:
+            hook(now)
+        if now >= self._next_snapshot_ms:
+            self._next_snapshot_ms = now + self.config.offset_snapshot_interval_ms
+            self.snapshot_offsets()
+
+    def close(self) -> None:
+        """Snapshot offsets and close the metadata store (the shell closes the log);
+        closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.config.is_slave:
+            self.snapshot_offsets()
+        self._meta.close()
+
+
+def _is_half(m: Message) -> bool:
+    return m.properties.get(Prop.TRAN_MSG, "").lower() == "true"
+
+
+def _int_prop(props: Mapping[str, str], name: str) -> int:
+    try:
+        return int(props.get(name) or 0)
+    except ValueError:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          f"property {name}={props.get(name)!r} is not an integer") from None
+
+
+def _exact_match(subscription: Subscription, view: memoryview) -> bool:
+    try:
+        props = decode_properties(read_fields(view, 0, check_crc=False).properties)
+    except RecordError:
+        return False
+    return subscription.matches(props.get(Prop.TAGS), props)
