@@ -473,10 +473,14 @@ class Broker:
         if level > 0 and m.sysflag & sf.TRANSACTION_MASK in (
             sf.TRANSACTION_NOT_TYPE, sf.TRANSACTION_COMMIT_TYPE
         ):
-            level = self.delay_levels.clamp(level)
-            props[Prop.DELAY] = str(level)
-            return self._redirect(m, tp.SCHEDULE_TOPIC, self.delay_levels.queue_of(level))
+            return self.delayed(m, level)
         return m
+
+    def delayed(self, m: Message, level: int) -> Message:
+        """``m`` parked in SCHEDULE_TOPIC_XXXX until its delay level has passed."""
+        level = self.delay_levels.clamp(level)
+        m.properties[Prop.DELAY] = str(level)
+        return self._redirect(m, tp.SCHEDULE_TOPIC, self.delay_levels.queue_of(level))
 
     def to_dlq(self, m: Message, group: str) -> Message:
         topic = tp.dlq_topic(group)

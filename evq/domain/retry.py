@@ -52,9 +52,7 @@ def send_back(
     else:
         broker.ensure_topic(retry.topic, config.retry_queue_nums)
         retry.queue_id = random.randrange(config.retry_queue_nums)
-        level = delay_level or FIRST_RETRY_LEVEL + original.reconsume_times
-        props[Prop.DELAY] = str(broker.delay_levels.clamp(level))
-        stored = broker.route(retry)
+        stored = broker.delayed(retry, delay_level or FIRST_RETRY_LEVEL + original.reconsume_times)
     (result,) = broker.store([stored])
     return SendResult(result.status, stored.topic, stored.queue_id, (result,))
 

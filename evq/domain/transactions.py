@@ -92,13 +92,16 @@ class TransactionService:
         if self._is_done(half):
             log.info("transaction_already_ended", half_offset=half.queue_offset)
             return None
-        op = self._op_message(half)
-        self._done.add(half.queue_offset)
+        # A re-put copy closes its first half too, so a late answer for either is ignored.
+        ended = sorted({half.queue_offset, _int_prop(half, Prop.TRAN_PREPARED_QUEUE_OFFSET,
+                                                     half.queue_offset)})
+        ops = [self._op_message(half.queue_id, qo) for qo in ended]
+        self._done.update(ended)
         if not commit:
-            self._broker.store([op])
+            self._broker.store(ops)
             return None
         real = self._broker.route(self._committed(half))
-        results = self._broker.store([real, op])
+        results = self._broker.store([real, *ops])
         status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
                       PutStatus.PUT_OK)
         return SendResult(status, real.topic, real.queue_id, (results[0],))
@@ -116,9 +119,9 @@ class TransactionService:
             prepared_transaction_offset=half.commit_log_offset,
         )
 
-    def _op_message(self, half: Message) -> Message:
-        return Message(topic=tp.TRANS_OP_HALF_TOPIC, queue_id=half.queue_id,
-                       body=str(half.queue_offset).encode(), properties={Prop.TAGS: OP_TAG},
+    def _op_message(self, queue_id: int, half_offset: int) -> Message:
+        return Message(topic=tp.TRANS_OP_HALF_TOPIC, queue_id=queue_id,
+                       body=str(half_offset).encode(), properties={Prop.TAGS: OP_TAG},
                        born_timestamp=self._broker.clock.now_ms(),
                        born_host=self._broker.config.store_host)
 
