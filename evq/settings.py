@@ -1,0 +1,201 @@
+"""Broker settings from a config file, ``EVQ_*`` environment variables and flags.
+
+Later sources win: defaults < config file < environment < command-line flags.  A setting has
+one evq name (snake_case, e.g. ``broker_name``) and is also accepted under RocketMQ's
+broker.conf name (``brokerName``), so an operator's existing broker.conf works as it is.  Files
+ending in ``.toml`` are TOML; anything else is read as Java properties (``key=value``, ``#``
+comments), the broker.conf format.  An unknown key is an error naming it, not a silent typo.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from evq.backends.config import StoreConfig
+from evq.backends.registry import DEFAULT_BACKEND
+from evq.domain.broker_config import BrokerConfig, BrokerRole
+from evq.domain.config_json import camel
+
+ENV_PREFIX = "EVQ_"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names it and where it came from."""
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class NetSettings:
+    """Where a broker listens and whom it talks to."""
+
+    host: str = "127.0.0.1"  # brokerIP1: bind address and the address clients are told
+    listen_port: int = 10911
+    namesrv_addr: str = ""  # "host:port;host:port"
+    backend: str = DEFAULT_BACKEND
+    store_path_root_dir: str = "./evq-data"
+    ha_listen_port: int = 0  # 0: listen_port + 1, as RocketMQ
+    master_ha_addr: str = ""  # a slave's master HA address; else learnt from the name server
+    register_name_server_period_ms: int = 30_000
+    metadata_url: str = ""  # SQLAlchemy URL; default a SQLite file in the data dir
+
+    @property
+    def namesrv_list(self) -> list[str]:
+        return [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+
+    @property
+    def ha_port(self) -> int:
+        return self.ha_listen_port or self.listen_port + 1
+
+
+@attrs.frozen(slots=True)
+class Settings:
+    net: NetSettings
+    broker: BrokerConfig
+    store: StoreConfig
+
+
+# RocketMQ broker.conf names that are not the camelCase of ours.
+ALIASES = {
+    "brokerIP1": "host",
+    "flushDiskType": "flush",
+    "fileReservedTime": "file_reserved_hours",
+    "namesrvAddr": "namesrv_addr",
+    "mappedFileSizeCommitLog": "commitlog_segment_size",
+    "flushIntervalCommitLog": "flush_interval_ms",
+    "flushCommitLogLeastPages": "flush_least_pages",
+    "syncFlushTimeout": "sync_flush_timeout_ms",
+    "diskMaxUsedSpaceRatio": "disk_max_used_ratio",
+    "transactionTimeOut": "transaction_timeout_ms",
+    "transactionCheckInterval": "transaction_check_interval_ms",
+    "brokerPermission": "broker_permission",
+}
+_TARGETS: dict[str, type] = {"net": NetSettings, "broker": BrokerConfig, "store": StoreConfig}
+# Settings both the broker and the store read; one value feeds both.
+_SHARED = {"file_reserved_hours", "sync_flush_timeout_ms"}
+
+
+def _fields() -> dict[str, tuple[str, attrs.Attribute[Any]]]:
+    out: dict[str, tuple[str, attrs.Attribute[Any]]] = {}
+    for target, cls in _TARGETS.items():
+        attrs.resolve_types(cls)
+        for f in attrs.fields(cls):
+            out.setdefault(f.name, (target, f))
+    return out
+
+
+FIELDS = _fields()
+_BY_ROCKETMQ = {camel(name): name for name in FIELDS} | ALIASES
+
+
+def canonical(key: str) -> str | None:
+    """Our name for ``key`` (evq or RocketMQ spelling), or None when it is unknown."""
+    if key in FIELDS:
+        return key
+    return _BY_ROCKETMQ.get(key)
+
+
+def _convert(name: str, raw: object, source: str) -> object:
+    _target, f = FIELDS[name]
+    typ = f.type
+    try:
+        if typ is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text not in ("true", "false", "1", "0"):
+                raise ValueError("expected true or false")
+            return text in ("true", "1")
+        if typ is int:
+            return int(raw)  # type: ignore[call-overload]
+        if typ is float:
+            return float(raw)  # type: ignore[arg-type]
+        if typ is str:
+            return str(raw)
+        if isinstance(typ, type) and issubclass(typ, enum.Enum):
+            return typ(str(raw).upper())
+        if name == "store_host":
+            host, _, port = str(raw).rpartition(":")
+            return (host, int(port))
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{source}: {name} = {raw!r}: {exc}") from None
+    raise SettingsError(f"{source}: {name} cannot be set from a config file")
+
+
+def read_file(path: Path) -> dict[str, object]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
+    if path.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path}: {exc}") from None
+    out: dict[str, object] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise SettingsError(f"{path}:{n}: expected key=value, got {line!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def from_environment(env: Mapping[str, str]) -> dict[str, object]:
+    """``EVQ_BROKER_NAME=a`` sets ``broker_name``; unknown EVQ_ variables are left alone
+    (EVQ_HYPOTHESIS_PROFILE and friends belong to other tools)."""
+    return {k[len(ENV_PREFIX):].lower(): v for k, v in env.items()
+            if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in FIELDS}
+
+
+def load(
+    *, config_file: Path | None = None, env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Settings:
+    values: dict[str, object] = {}
+    sources: list[tuple[str, Mapping[str, object]]] = []
+    if config_file is not None:
+        sources.append((str(config_file), read_file(config_file)))
+    sources.append(("environment", from_environment(os.environ if env is None else env)))
+    sources.append(("command line", {k: v for k, v in (flags or {}).items() if v is not None}))
+    for source, raw in sources:
+        for key, value in raw.items():
+            name = canonical(key)
+            if name is None:
+                raise SettingsError(f"{source}: unknown setting {key!r}")
+            values[name] = _convert(name, value, source)
+    return build(values)
+
+
+def build(values: Mapping[str, object]) -> Settings:
+    per_target: dict[str, dict[str, object]] = {t: {} for t in _TARGETS}
+    for name, value in values.items():
+        target, _f = FIELDS[name]
+        per_target[target][name] = value
+        if name in _SHARED:
+            for other, cls in _TARGETS.items():
+                if any(f.name == name for f in attrs.fields(cls)):
+                    per_target[other][name] = value
+    net = NetSettings(**per_target["net"])  # type: ignore[arg-type]
+    broker_values = {"store_host": (net.host, net.listen_port)} | per_target["broker"]
+    store_values = {"store_host": broker_values["store_host"]} | per_target["store"]
+    try:
+        broker = BrokerConfig(**broker_values)  # type: ignore[arg-type]
+        store = StoreConfig(**store_values)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(str(exc)) from None
+    if broker.broker_role is BrokerRole.SLAVE and broker.broker_id == 0:
+        raise SettingsError("a SLAVE needs a brokerId greater than 0")
+    if broker.broker_role is not BrokerRole.SLAVE and broker.broker_id != 0:
+        raise SettingsError("a master has brokerId 0; set brokerRole=SLAVE for other ids")
+    return Settings(net, broker, store)
+
+

@@ -1,0 +1,69 @@
+"""Settings: RocketMQ broker.conf names, TOML, EVQ_* variables and flags, in that order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evq.domain.broker_config import BrokerRole
+from evq.domain.log import FlushMode
+from evq.settings import SettingsError, load
+
+
+def test_defaults_are_the_embedded_default() -> None:
+    s = load(env={})
+    assert (s.net.host, s.net.listen_port, s.net.backend) == ("127.0.0.1", 10911, "mmap")
+    assert s.net.ha_port == 10912
+    assert s.broker.store_host == s.store.store_host == ("127.0.0.1", 10911)
+
+
+def test_a_rocketmq_broker_conf_is_accepted(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "# a stock broker.conf\n"
+        "brokerClusterName = DefaultCluster\nbrokerName = broker-b\nbrokerId = 1\n"
+        "deleteWhen = 04\nfileReservedTime = 48\nbrokerRole = SLAVE\n"
+        "flushDiskType = SYNC_FLUSH\nlistenPort=20911\nnamesrvAddr=127.0.0.1:9876;h:9877\n"
+        "autoCreateTopicEnable=false\n"
+    )
+    s = load(config_file=conf, env={})
+    assert s.broker.broker_name == "broker-b" and s.broker.broker_role is BrokerRole.SLAVE
+    assert s.store.flush is FlushMode.SYNC_FLUSH
+    assert s.store.file_reserved_hours == s.broker.file_reserved_hours == 48
+    assert s.net.namesrv_list == ["127.0.0.1:9876", "h:9877"]
+    assert s.broker.auto_create_topic_enable is False
+    assert s.broker.store_host == ("127.0.0.1", 20911)
+
+
+def test_later_sources_win(tmp_path: Path) -> None:
+    conf = tmp_path / "evq.toml"
+    conf.write_text('broker_name = "from-file"\nlisten_port = 1\nbackend = "mmap"\n')
+    s = load(config_file=conf, env={"EVQ_BROKER_NAME": "from-env", "EVQ_LISTEN_PORT": "2"},
+             flags={"listen_port": 3, "broker_name": None})
+    assert (s.broker.broker_name, s.net.listen_port) == ("from-env", 3)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"brokerNme": "x"}, "unknown setting 'brokerNme'"),
+    ({"listenPort": "ten"}, "listen_port"),
+    ({"brokerRole": "BOSS"}, "broker_role"),
+    ({"autoCreateTopicEnable": "maybe"}, "auto_create_topic_enable"),
+    ({"brokerRole": "SLAVE"}, "brokerId greater than 0"),
+])
+def test_bad_settings_name_the_problem(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load(env={}, flags=raw)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read"):
+        load(config_file=tmp_path / "missing.conf", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("x = = 1")
+    with pytest.raises(SettingsError, match=r"bad\.toml"):
+        load(config_file=bad, env={})
+    props = tmp_path / "bad.conf"
+    props.write_text("justakey\n")
+    with pytest.raises(SettingsError, match=r"bad\.conf:1"):
+        load(config_file=props, env={})
