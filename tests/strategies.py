@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from evq.domain import sysflag as sf
 from evq.domain.message import Host, Message, Prop
+from evq.domain.queues import MessageQueue
 from evq.domain.record import MAX_TOPIC_BYTES, PutRecord, put_record
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "INT64_MAX",
     "TOPIC_ALPHABET",
     "bodies",
+    "client_id_lists",
+    "client_ids",
     "codec_topics",
     "host_ports",
     "hosts",
@@ -32,6 +35,7 @@ __all__ = [
     "ipv6_hosts",
     "key_lists",
     "keys",
+    "message_queues",
     "messages",
     "non_negative_int32s",
     "non_negative_int64s",
@@ -40,6 +44,8 @@ __all__ = [
     "property_names",
     "property_values",
     "put_records",
+    "queue_lists",
+    "rooms",
     "sysflags",
     "tags",
     "timestamps",
@@ -238,3 +244,37 @@ def put_records(
     """:class:`PutRecord` objects made by :func:`put_record` from ``message`` draws
     (default: :func:`messages` with IPv4 hosts, the layout every client reads)."""
     return (messages(ipv6=False) if message is None else message).map(put_record)
+
+
+# --- queues and consumers ------------------------------------------------------------------
+
+rooms = st.sampled_from(["r0", "r1", "r2", "r3"])
+"""Machine rooms: few, so rooms with and without consumers both turn up."""
+
+_BROKER_ALPHABET = TOPIC_ALPHABET.replace("%", "").replace("|", "")
+
+
+def message_queues() -> st.SearchStrategy[MessageQueue]:
+    """Queues of a few short topics on brokers named ``<room>@<name>``, so that every
+    allocation strategy, the machine-room ones included, can take them."""
+    return st.builds(
+        MessageQueue,
+        topic=st.text(TOPIC_ALPHABET, min_size=1, max_size=3),
+        broker_name=st.builds(
+            "{}@{}".format, rooms, st.text(_BROKER_ALPHABET, min_size=1, max_size=3)
+        ),
+        queue_id=st.integers(0, 31),
+    )
+
+
+queue_lists = st.lists(message_queues(), min_size=1, max_size=40, unique=True)
+"""The queues of a rebalance: non-empty, distinct."""
+
+client_ids = st.builds(
+    "{}@{}".format, rooms, st.text(st.characters(codec="utf-8"), min_size=1, max_size=6)
+)
+"""Consumer ids ``<room>@<anything>``; the tail draws any code point so that Java's UTF-16
+ordering (which differs from Python's above U+FFFF) is exercised."""
+
+client_id_lists = st.lists(client_ids, min_size=1, max_size=12, unique=True)
+"""A group's id list as a well-run group has it: non-empty, every id once."""
