@@ -28,6 +28,7 @@ from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
 from evq.domain.delay import DelayLevels
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.hashing import tags_code
+from evq.domain.locks import RebalanceLockManager
 from evq.domain.log import AppendResult, GetStatus, MessageLog, PutStatus
 from evq.domain.message import (
     MAX_PROPERTIES_BYTES,
@@ -176,6 +177,10 @@ class Broker:
         self._next_snapshot_ms = clock.now_ms() + self.config.offset_snapshot_interval_ms
         self._tick_hooks: list[Callable[[int], None]] = []
         self._closed = False
+        # Orderly consumers' queue locks live in memory, as in RocketMQ: after a restart the
+        # consumers lock again within their 20 s renewal.
+        self.locks = RebalanceLockManager(clock=clock,
+                                          max_live_s=self.config.lock_max_live_ms / 1000)
         self.catch_up()
         self._offsets.update(self._state.offsets)
         if not self.config.is_slave:

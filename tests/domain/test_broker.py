@@ -331,3 +331,14 @@ def test_send_reports_flush_timeouts_as_stored(broker: Broker) -> None:
     topic(broker)
     r = broker.send(msg("T"))
     assert r.status is PutStatus.PUT_OK and r.code is ResponseCode.SUCCESS
+
+
+def test_orderly_queue_locks_expire_on_the_broker_clock(broker: Broker, clock: ManualClock
+                                                        ) -> None:
+    from evq.domain.queues import MessageQueue
+
+    q = MessageQueue("T", "broker-a", 0)
+    assert broker.locks.lock_batch("g", [q], "c1") == {q}
+    assert broker.locks.lock_batch("g", [q], "c2") == set()
+    clock.advance(61)
+    assert broker.locks.lock_batch("g", [q], "c2") == {q}

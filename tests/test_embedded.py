@@ -1,0 +1,117 @@
+"""The embedded API a service uses in-process: produce, consume, retry, transactions, query."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import evq
+from evq.backends.config import StoreConfig
+from evq.domain.clock import ManualClock
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.message import Prop
+from evq.embedded import Broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path, clock: ManualClock) -> Iterator[Broker]:
+    b = evq.Broker.open(tmp_path / "data", store_config=StoreConfig(warm_segments=False,
+                                                                  commitlog_segment_size=1 << 20),
+                        clock=clock, background=False)
+    yield b
+    b.close()
+
+
+def test_produce_and_consume_in_a_few_lines(broker: Broker) -> None:
+    broker.create_topic("orders", queues=2)
+    for i in range(6):
+        broker.send("orders", f"order {i}", tags="created" if i % 2 else "paid",
+                    keys=[f"o-{i}"], sharding_key=f"customer-{i % 3}")
+    got = list(broker.subscribe("billing", "orders", "created", idle_timeout=0.01))
+    assert sorted(m.payload() for m in got) == [b"order 1", b"order 3", b"order 5"]
+    assert all(m.uniq_key and len(m.uniq_key) == 32 for m in got)
+    assert list(broker.subscribe("billing", "orders", idle_timeout=0.01)) == []  # committed
+
+
+def test_sharding_key_keeps_order_in_one_queue(broker: Broker) -> None:
+    broker.create_topic("orders", queues=4)
+    queues = {broker.send("orders", str(i), sharding_key="customer-7").queue_id
+              for i in range(10)}
+    assert len(queues) == 1
+    (q,) = queues
+    r = broker.pull("g", "orders", q, 0)
+    assert [m.payload() for m in r.messages()] == [str(i).encode() for i in range(10)]
+
+
+def test_sql92_subscription(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    for amount in (5, 50, 500):
+        broker.send("t", b"x", properties={"amount": str(amount), "region": "eu"})
+    got = list(broker.subscribe("g", "t", "amount BETWEEN 10 AND 100 AND region = 'eu'",
+                                expression_type="SQL92", idle_timeout=0.01))
+    assert [m.properties["amount"] for m in got] == ["50"]
+
+
+def test_batch_delay_and_deliver_at(broker: Broker, clock: ManualClock) -> None:
+    broker.create_topic("t", queues=1)
+    r = broker.send_batch("t", [b"a", b"b", b"c"])
+    assert r.msg_id.count(",") == 2
+    broker.send("t", b"later", delay_level=1)
+    broker.send("t", b"at", deliver_at_ms=clock.now_ms() + 60_000)
+    assert [m.body for m in broker.subscribe("g", "t", idle_timeout=0.01)] == [b"a", b"b", b"c"]
+    clock.advance(2)
+    broker.tick()
+    assert [m.body for m in broker.subscribe("g", "t", idle_timeout=0.01)] == [b"later"]
+    clock.advance(60)
+    broker.tick()
+    assert [m.body for m in broker.subscribe("g", "t", idle_timeout=0.01)] == [b"at"]
+
+
+def test_reconsume_later_comes_back_through_the_retry_topic(broker: Broker,
+                                                             clock: ManualClock) -> None:
+    broker.create_topic("t", queues=1)
+    broker.send("t", b"flaky")
+    (m,) = list(broker.subscribe("g", "t", idle_timeout=0.01))
+    broker.reconsume_later("g", m)
+    clock.advance(11)  # first retry: level 3 = 10 s
+    broker.tick()
+    (again,) = list(broker.subscribe("g", "t", idle_timeout=0.01))
+    assert (again.body, again.topic, again.reconsume_times) == (b"flaky", "t", 1)
+
+
+def test_transactional_send(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    assert broker.send_transactional("t", b"yes", "PG", lambda m: True) is not None
+    assert broker.send_transactional("t", b"no", "PG", lambda m: False) is None
+    assert [m.body for m in broker.subscribe("g", "t", idle_timeout=0.01)] == [b"yes"]
+
+
+def test_query_by_key_and_by_msg_id(broker: Broker) -> None:
+    broker.create_topic("t", queues=1)
+    r = broker.send("t", b"findme", keys=["k-1", "k-2"])
+    assert [m.body for m in broker.query_by_key("t", "k-2")] == [b"findme"]
+    assert broker.view(r.msg_id).body == b"findme"
+
+
+def test_reset_offsets_replays(broker: Broker, clock: ManualClock) -> None:
+    broker.create_topic("t", queues=1)
+    start = clock.now_ms()
+    broker.send("t", b"1")
+    clock.advance(1)
+    broker.send("t", b"2")
+    assert len(list(broker.subscribe("g", "t", idle_timeout=0.01))) == 2
+    assert broker.reset_offsets("g", "t", start + 500) == {0: 1}
+    assert [m.body for m in broker.subscribe("g", "t", idle_timeout=0.01)] == [b"2"]
+
+
+def test_data_survives_reopen_and_errors_are_clear(tmp_path: Path) -> None:
+    with evq.Broker.open(tmp_path, store_config=StoreConfig(warm_segments=False)) as b:
+        b.create_topic("t", queues=1)
+        b.send("t", b"kept", properties={Prop.KEYS: "k"})
+        with pytest.raises(BrokerError) as e:
+            b.send("no such/topic", b"x")
+        assert e.value.code is ResponseCode.SYSTEM_ERROR
+    with evq.Broker.open(tmp_path, store_config=StoreConfig(warm_segments=False)) as b:
+        assert [m.body for m in b.subscribe("g", "t", idle_timeout=0.01)] == [b"kept"]
