@@ -14,6 +14,7 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.log import GetStatus, PutStatus
 from evq.domain.message import Prop
+from evq.domain.queues import MessageQueue
 from evq.domain.topics import TopicConfig
 from evq.meta.sql import SqlMetadataStore
 from tests.domain.conftest import OpenBroker, close, msg, topic
@@ -335,8 +336,6 @@ def test_send_reports_flush_timeouts_as_stored(broker: Broker) -> None:
 
 def test_orderly_queue_locks_expire_on_the_broker_clock(broker: Broker, clock: ManualClock
                                                         ) -> None:
-    from evq.domain.queues import MessageQueue
-
     q = MessageQueue("T", "broker-a", 0)
     assert broker.locks.lock_batch("g", [q], "c1") == {q}
     assert broker.locks.lock_batch("g", [q], "c2") == set()
