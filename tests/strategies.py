@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from evq.domain import sysflag as sf
 from evq.domain.message import Host, Message, Prop
 from evq.domain.record import MAX_TOPIC_BYTES, PutRecord, put_record
+from evq.net.codes import LanguageCode
+from evq.net.protocol import RemotingCommand, SerializeType
 
 __all__ = [
     "INT32_MAX",
@@ -40,6 +42,7 @@ __all__ = [
     "property_names",
     "property_values",
     "put_records",
+    "remoting_commands",
     "sysflags",
     "tags",
     "timestamps",
@@ -238,3 +241,38 @@ def put_records(
     """:class:`PutRecord` objects made by :func:`put_record` from ``message`` draws
     (default: :func:`messages` with IPv4 hosts, the layout every client reads)."""
     return (messages(ipv6=False) if message is None else message).map(put_record)
+
+
+# --- remoting commands -----------------------------------------------------------------------
+
+_INT16 = st.integers(-(2**15), 2**15 - 1)
+_header_texts = st.text(_UTF8_CHARS, max_size=32)
+
+
+def remoting_commands(
+    *, serialize_type: SerializeType | None = None, body: st.SearchStrategy[bytes] = bodies
+) -> st.SearchStrategy[RemotingCommand]:
+    """Commands every serialization carries unchanged: codes and versions fit the binary
+    header's int16 fields, and a binary remark is never ``""`` (its length 0 means none).
+
+    ``serialize_type`` fixes the serialization; ``None`` draws it.
+    """
+    kinds = st.sampled_from(SerializeType) if serialize_type is None else st.just(serialize_type)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> RemotingCommand:
+        kind = draw(kinds)
+        remark = draw(st.none() | _header_texts)
+        return RemotingCommand(
+            code=draw(_INT16),
+            language=draw(st.sampled_from(LanguageCode)),
+            version=draw(_INT16),
+            opaque=draw(int32s),
+            flag=draw(int32s),
+            remark=None if kind is SerializeType.ROCKETMQ and not remark else remark,
+            ext_fields=draw(st.dictionaries(_header_texts, _header_texts, max_size=8)),
+            body=draw(body),
+            serialize_type=kind,
+        )
+
+    return build()
