@@ -11,7 +11,20 @@ A handler is ``async def handler(conn: Connection, cmd: RemotingCommand) -> Remo
 None``; it answers with ``cmd.response(...)`` or raises :class:`~evq.domain.codes.BrokerError`
 for a refusal.  The dispatcher turns everything else into RocketMQ's answers: unknown codes get
 REQUEST_CODE_NOT_SUPPORTED, any other exception SYSTEM_ERROR (and a log line); oneway requests
-(flag bit 1) get nothing.
+(flag bit 1) get nothing.  A processor module looks like::
+
+    async def get_max_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic, queue_id = cmd.get_str("topic"), cmd.get_int("queueId")
+        return cmd.response(fields={"offset": broker.max_offset(topic, queue_id)})
+
+    dispatcher = Dispatcher({RequestCode.GET_MAX_OFFSET: get_max_offset})
+    server = RemotingServer("127.0.0.1", 10911, dispatcher)
+    await server.start()                       # server.port is the bound port
+    ...
+    conn.add_close_callback(drop_client)       # e.g. in the HEART_BEAT handler
+    answer = await conn.send_request(RemotingCommand.request(code, fields), timeout=3.0)
+    ...
+    await server.shutdown(grace=10.0)
 
 What the transport promises, and why:
 
@@ -75,11 +88,16 @@ class TransportConfig:
     """Per-connection limits; the defaults follow the Java broker where it has one."""
 
     max_frame: int = MAX_FRAME
+    """Largest frame taken from a peer (Java's 16 MiB ``frameMaxLength``)."""
     max_in_flight: int = 1024
-    """Handlers running at once on one connection; one long-polling pull per queue may park."""
+    """Handlers running at once on one connection: a client process pulls every queue it owns
+    over one connection, with one long poll parked per queue."""
     write_high_water: int = 4 * 1024 * 1024
+    """Unsent bytes above which the connection stops reading and starting handlers..."""
     write_low_water: int = 1024 * 1024
+    """...until the peer has taken the buffer down to this."""
     idle_timeout: float = 120.0
+    """Seconds without traffic after which the server closes a connection (Java: 120)."""
     idle_check_interval: float = 10.0
     connect_timeout: float = 3.0
 
@@ -124,6 +142,10 @@ class Dispatcher:
             return cmd.response(ResponseCode.SYSTEM_ERROR, _describe(exc))
 
 
+def _address(sockaddr: tuple[Any, ...] | None) -> str:
+    return f"{sockaddr[0]}:{sockaddr[1]}" if sockaddr else "?"
+
+
 def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= _REMARK_LIMIT else text[: _REMARK_LIMIT - 3] + "..."
@@ -132,14 +154,16 @@ def _describe(exc: BaseException) -> str:
 class Connection(asyncio.Protocol):
     """One TCP connection speaking remoting frames, either side.
 
-    ``id`` is unique in the process; ``peer`` is the remote ``ip:port``.  Close callbacks run
-    once, when the connection is gone for whatever reason (the broker drops the client's
-    channels there).
+    ``id`` is unique in the process; ``peer`` is the remote ``ip:port``, ``local`` this end's
+    (the address a client reached: a broker bound to 0.0.0.0 learns its client-facing address
+    here).  Close callbacks run once, when the connection is gone for whatever reason (the
+    broker drops the client's channels there).
     """
 
     def __init__(self, dispatcher: Dispatcher, config: TransportConfig, clock: Clock) -> None:
         self.id = next(_connection_ids)
         self.peer = "?"
+        self.local = "?"
         self._dispatcher = dispatcher
         self._config = config
         self._clock = clock
@@ -248,9 +272,8 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(
             high=self._config.write_high_water, low=self._config.write_low_water
         )
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self.peer = f"{peer[0]}:{peer[1]}"
+        self.peer = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
         self.last_active = self._clock.monotonic()
         log.debug("connection opened", conn=self.id, peer=self.peer)
 

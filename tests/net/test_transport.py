@@ -52,6 +52,9 @@ async def test_request_and_response_round_trip() -> None:
         assert response.code == ResponseCode.SUCCESS
         assert response.ext_fields == {"topic": "T", "queueId": "3"}
         assert response.body == b"body"
+        (conn,) = server.connections
+        assert conn.local == server.address
+        assert conn.peer == (await client.connection()).local
         second = await client.invoke(RemotingCommand.request(ECHO), TIMEOUT)
         assert second.opaque == request.opaque + 1
 
