@@ -18,6 +18,8 @@ from evq.domain import sysflag as sf
 from evq.domain.message import Host, Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.record import MAX_TOPIC_BYTES, PutRecord, put_record
+from evq.net.codes import LanguageCode
+from evq.net.protocol import RemotingCommand, SerializeType
 
 __all__ = [
     "INT32_MAX",
@@ -45,6 +47,7 @@ __all__ = [
     "property_values",
     "put_records",
     "queue_lists",
+    "remoting_commands",
     "rooms",
     "sysflags",
     "tags",
@@ -278,3 +281,36 @@ ordering (which differs from Python's above U+FFFF) is exercised."""
 
 client_id_lists = st.lists(client_ids, min_size=1, max_size=12, unique=True)
 """A group's id list as a well-run group has it: non-empty, every id once."""
+# --- remoting commands -----------------------------------------------------------------------
+
+_INT16 = st.integers(-(2**15), 2**15 - 1)
+_header_texts = st.text(_UTF8_CHARS, max_size=32)
+
+
+def remoting_commands(
+    *, serialize_type: SerializeType | None = None, body: st.SearchStrategy[bytes] = bodies
+) -> st.SearchStrategy[RemotingCommand]:
+    """Commands every serialization carries unchanged: codes and versions fit the binary
+    header's int16 fields, and a binary remark is never ``""`` (its length 0 means none).
+
+    ``serialize_type`` fixes the serialization; ``None`` draws it.
+    """
+    kinds = st.sampled_from(SerializeType) if serialize_type is None else st.just(serialize_type)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> RemotingCommand:
+        kind = draw(kinds)
+        remark = draw(st.none() | _header_texts)
+        return RemotingCommand(
+            code=draw(_INT16),
+            language=draw(st.sampled_from(LanguageCode)),
+            version=draw(_INT16),
+            opaque=draw(int32s),
+            flag=draw(int32s),
+            remark=None if kind is SerializeType.ROCKETMQ and not remark else remark,
+            ext_fields=draw(st.dictionaries(_header_texts, _header_texts, max_size=8)),
+            body=draw(body),
+            serialize_type=kind,
+        )
+
+    return build()

@@ -1,0 +1,569 @@
+"""The RocketMQ remoting frame, sans-IO: bytes in, commands out; commands in, bytes out.
+
+Nothing here touches a socket or an event loop, so every rule of the wire format is tested by
+feeding bytes (:class:`FrameDecoder`) and reading bytes (:meth:`RemotingCommand.encode`); the
+asyncio transport in :mod:`evq.net.transport` is a thin pump around it.
+
+One frame, both directions, all integers big-endian::
+
+    offset  size  field
+    ------  ----  ------------------------------------------------------------------
+         0     4  LENGTH       bytes after this field: 4 + H + B
+         4     4  HEADER WORD  bits 31..24 serialize type (0 JSON, 1 ROCKETMQ),
+                               bits 23..0  header length H
+         8     H  HEADER       JSON text, or the ROCKETMQ binary header below
+       8+H     B  BODY         opaque bytes, may be empty
+
+A JSON header is one object; evq writes fastjson's alphabetical key order, compact::
+
+    {"code":0,"extFields":{"k":"v"},"flag":1,"language":"JAVA","opaque":7,
+     "remark":"...","serializeTypeCurrentRPC":"JSON","version":407}
+
+The ROCKETMQ binary header (serialize type 1; no target client speaks it)::
+
+    offset  size  field
+    ------  ----  ------------------------------------------------------------------
+         0     2  CODE         int16
+         2     1  LANGUAGE     LanguageCode value
+         3     2  VERSION      int16
+         5     4  OPAQUE       int32
+         9     4  FLAG         int32 (bit 0 response, bit 1 oneway)
+        13   4+R  REMARK       int32 byte length R (0 = no remark), UTF-8
+    17+R   4+E  EXTFIELDS    int32 byte length E of the entries that follow, each:
+                               int16 key length + UTF-8 key, int32 value length + UTF-8 value
+
+Compatibility rules (see rocketmq-wire-and-store.md §1.5): both stock clients read the header
+word without masking and parse only JSON, so answers to them are JSON with a zero high byte;
+every extFields value goes out as a JSON *string* (the C++ client ignores anything else), while
+incoming values may be JSON numbers, booleans or strings and are coerced to strings here.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import struct
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar, overload
+
+import attrs
+
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.codes import LanguageCode, Version
+
+FRAME_PREFIX = struct.Struct(">ii")  # LENGTH, HEADER WORD
+BINARY_FIXED = struct.Struct(">hBhii")  # CODE, LANGUAGE, VERSION, OPAQUE, FLAG
+INT32 = struct.Struct(">i")
+INT16 = struct.Struct(">h")
+
+MAX_FRAME: Final = 16 * 1024 * 1024
+"""Largest frame accepted, its LENGTH field included (Java's ``frameMaxLength``)."""
+
+RESPONSE_FLAG: Final = 1 << 0
+ONEWAY_FLAG: Final = 1 << 1
+
+HEADER_LENGTH_MASK: Final = 0xFFFFFF
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+EVQ_LANGUAGE: Final = LanguageCode.JAVA
+"""What evq puts in ``language``: clients only ever met Java brokers, and nothing reads it."""
+EVQ_VERSION: Final = Version.V4_9_7
+
+
+class SerializeType(enum.IntEnum):
+    JSON = 0
+    ROCKETMQ = 1
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a well-formed frame; the connection's framing is lost.
+
+    ``opaque`` is set when the frame got far enough to show it was a request expecting an
+    answer (not a response, not oneway), so the peer can still be told why (:meth:`response`).
+    """
+
+    def __init__(self, reason: str, *, opaque: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.opaque = opaque
+
+    def response(self) -> RemotingCommand | None:
+        """The SYSTEM_ERROR answer to send before closing, if the peer can match one."""
+        if self.opaque is None:
+            return None
+        return RemotingCommand(
+            code=ResponseCode.SYSTEM_ERROR,
+            opaque=self.opaque,
+            flag=RESPONSE_FLAG,
+            remark=self.reason,
+        )
+
+
+class HeaderFieldError(BrokerError):
+    """A request header field that is missing or does not parse.
+
+    A :class:`BrokerError` so that the transport answers it like Java does: SYSTEM_ERROR with a
+    remark naming the field.
+    """
+
+    def __init__(self, remark: str) -> None:
+        super().__init__(ResponseCode.SYSTEM_ERROR, remark)
+
+
+def ext_value(value: object) -> str:
+    """One extFields value as the string every reader gets, whatever JSON scalar it came as.
+
+    Booleans are spelled like Java's ``Boolean.toString`` (ali-ons sends JSON ``false``, the
+    Java broker it was written against sees ``"false"``).
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    raise TypeError(f"extFields values are scalars, not {type(value).__name__}")
+
+
+def ext_fields(fields: Mapping[str, object] | None) -> dict[str, str]:
+    """Header fields as all-string extFields; ``None`` values are left out, as Java does."""
+    if not fields:
+        return {}
+    return {k: ext_value(v) for k, v in fields.items() if v is not None}
+
+
+_REQUIRED: Final = object()
+_T = TypeVar("_T")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # no longer: int() of huge texts is slow, then fails
+_TRUE = frozenset({"1", "true"})
+_FALSE = frozenset({"0", "false"})
+
+
+def _integer(low: int, high: int, kind: str) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        if _INTEGER.fullmatch(text) is None or not low <= (value := int(text)) <= high:
+            raise HeaderFieldError(f"the custom field <{name}> is not a valid {kind}: {text!r:.64}")
+        return value
+
+    return parse
+
+
+_parse_int = _integer(INT32_MIN, INT32_MAX, "int")
+_parse_long = _integer(INT64_MIN, INT64_MAX, "long")
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    lowered = text.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise HeaderFieldError(f"the custom field <{name}> is not a valid boolean: {text!r:.64}")
+
+
+@attrs.define(slots=True)
+class RemotingCommand:
+    """One request or response: RocketMQ's ``RemotingCommand``.
+
+    ``code`` is a :class:`~evq.net.codes.RequestCode` on requests and a
+    :class:`~evq.domain.codes.ResponseCode` on responses, kept as a plain int because peers send
+    codes neither enum knows.  ``ext_fields`` are the flattened request/response header fields,
+    always strings (a converter coerces whatever is passed in); read them with the typed
+    ``get_*`` accessors.
+    """
+
+    code: int
+    language: LanguageCode = EVQ_LANGUAGE
+    version: int = EVQ_VERSION
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    ext_fields: dict[str, str] = attrs.field(factory=dict, converter=ext_fields)
+    body: bytes = b""
+    serialize_type: SerializeType = SerializeType.JSON
+
+    @classmethod
+    def request(
+        cls,
+        code: int,
+        fields: Mapping[str, object] | None = None,
+        body: bytes = b"",
+        *,
+        oneway: bool = False,
+    ) -> RemotingCommand:
+        """A request from evq; the connection that sends it stamps its ``opaque``."""
+        return cls(code=code, flag=ONEWAY_FLAG if oneway else 0, ext_fields=fields, body=body)
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & RESPONSE_FLAG)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & ONEWAY_FLAG)
+
+    def response(
+        self,
+        code: int = ResponseCode.SUCCESS,
+        remark: str | None = None,
+        fields: Mapping[str, object] | None = None,
+        body: bytes = b"",
+    ) -> RemotingCommand:
+        """The answer to this request: same opaque and serialize type, response flag set.
+
+        Stock clients only send JSON, so answering in the request's own serialization is
+        what keeps their replies JSON.
+        """
+        return RemotingCommand(
+            code=code,
+            opaque=self.opaque,
+            flag=RESPONSE_FLAG,
+            remark=remark,
+            ext_fields=fields,
+            body=body,
+            serialize_type=self.serialize_type,
+        )
+
+    # Typed extFields accessors.  Without a default a field is required and its absence is a
+    # HeaderFieldError naming it; with one, the default stands in for an absent field.
+
+    @overload
+    def get_str(self, name: str, *, empty_as_absent: bool = ...) -> str: ...
+    @overload
+    def get_str(self, name: str, default: _T, *, empty_as_absent: bool = ...) -> str | _T: ...
+    def get_str(
+        self, name: str, default: object = _REQUIRED, *, empty_as_absent: bool = False
+    ) -> object:
+        """A string field; ``empty_as_absent`` for fields a client fills with ``""`` when it
+        means "none" (the C++ client's unused producer/consumer group in UNREGISTER_CLIENT)."""
+        value = self.ext_fields.get(name)
+        if value is None or (empty_as_absent and value == ""):
+            return self._absent(name, default)
+        return value
+
+    @overload
+    def get_int(self, name: str) -> int: ...
+    @overload
+    def get_int(self, name: str, default: _T) -> int | _T: ...
+    def get_int(self, name: str, default: object = _REQUIRED) -> object:
+        """A Java ``int`` field (32-bit signed)."""
+        return self._typed(name, default, _parse_int)
+
+    @overload
+    def get_long(self, name: str) -> int: ...
+    @overload
+    def get_long(self, name: str, default: _T) -> int | _T: ...
+    def get_long(self, name: str, default: object = _REQUIRED) -> object:
+        """A Java ``long`` field (64-bit signed)."""
+        return self._typed(name, default, _parse_long)
+
+    @overload
+    def get_bool(self, name: str) -> bool: ...
+    @overload
+    def get_bool(self, name: str, default: _T) -> bool | _T: ...
+    def get_bool(self, name: str, default: object = _REQUIRED) -> object:
+        """``"true"``/``"1"`` (any case) or ``"false"``/``"0"``: Java clients send the first
+        spelling, the C++ client the second."""
+        return self._typed(name, default, _parse_bool)
+
+    def _typed(self, name: str, default: object, parse: Callable[[str, str], object]) -> object:
+        value = self.ext_fields.get(name)
+        if value is None:
+            return self._absent(name, default)
+        return parse(name, value)
+
+    @staticmethod
+    def _absent(name: str, default: object) -> object:
+        if default is _REQUIRED:
+            raise HeaderFieldError(f"the custom field <{name}> is null")
+        return default
+
+    def encode(self) -> bytes:
+        """The whole frame.  Raises :class:`ProtocolError` for a field the layout cannot hold."""
+        header = encode_header(self)
+        if len(header) > HEADER_LENGTH_MASK:
+            raise ProtocolError(f"header of {len(header)} bytes exceeds 24 bits")
+        word = (self.serialize_type << 24) | len(header)
+        return FRAME_PREFIX.pack(4 + len(header) + len(self.body), word) + header + self.body
+
+
+class OpaqueCounter:
+    """Request ids for one sender: 1 up to 2**31 - 1, then round again.
+
+    Kept positive and within 31 bits because the C++ client masks its own ids that way and
+    reads ours with ``asInt()``.
+    """
+
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 1
+
+    def __call__(self) -> int:
+        opaque = self._next
+        self._next = opaque + 1 if opaque < INT32_MAX else 1
+        return opaque
+
+
+# -- header encoding --------------------------------------------------------------------------
+
+
+def encode_header(cmd: RemotingCommand) -> bytes:
+    if cmd.serialize_type is SerializeType.JSON:
+        return _encode_json(cmd)
+    return _encode_binary(cmd)
+
+
+def _encode_json(cmd: RemotingCommand) -> bytes:
+    # Built in fastjson's alphabetical order; ASCII-escaped so that any str (even one decoded
+    # from a peer's lone-surrogate escape) yields valid JSON both clients' parsers accept.
+    obj: dict[str, object] = {"code": int(cmd.code)}
+    if cmd.ext_fields:
+        obj["extFields"] = cmd.ext_fields
+    obj["flag"] = int(cmd.flag)
+    obj["language"] = cmd.language.name
+    obj["opaque"] = int(cmd.opaque)
+    if cmd.remark is not None:
+        obj["remark"] = cmd.remark
+    obj["serializeTypeCurrentRPC"] = "JSON"
+    obj["version"] = int(cmd.version)
+    return json.dumps(obj, separators=(",", ":")).encode("ascii")
+
+
+def _encode_binary(cmd: RemotingCommand) -> bytes:
+    try:
+        parts = [BINARY_FIXED.pack(cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag)]
+        remark = cmd.remark.encode() if cmd.remark else b""
+        parts += [INT32.pack(len(remark)), remark]
+        entries = []
+        for key, value in cmd.ext_fields.items():
+            k, v = key.encode(), value.encode()
+            entries += [INT16.pack(len(k)), k, INT32.pack(len(v)), v]
+        ext = b"".join(entries)
+        parts += [INT32.pack(len(ext)), ext]
+    except (struct.error, UnicodeEncodeError) as exc:
+        raise ProtocolError(f"cannot encode ROCKETMQ header: {exc}", opaque=cmd.opaque) from exc
+    return b"".join(parts)
+
+
+# -- header decoding --------------------------------------------------------------------------
+
+
+def decode_header(serialize_type: int, header: bytes, body: bytes) -> RemotingCommand:
+    """A command from its header bytes; any defect is a :class:`ProtocolError`."""
+    if serialize_type == SerializeType.JSON:
+        return _decode_json(header, body)
+    if serialize_type == SerializeType.ROCKETMQ:
+        return _decode_binary(header, body)
+    raise ProtocolError(f"unknown serialize type {serialize_type}")
+
+
+def _answerable(opaque: int, flag: int) -> int | None:
+    """The opaque to answer a broken frame with: only requests that wait for an answer."""
+    return None if flag & (RESPONSE_FLAG | ONEWAY_FLAG) else opaque
+
+
+def _json_int(obj: Mapping[str, object], key: str, opaque: int | None) -> int:
+    # fastjson reads a numeric string into an int field too, so tolerate "12" as well as 12.
+    value = obj.get(key, 0)
+    if isinstance(value, str) and _INTEGER.fullmatch(value):
+        value = int(value)
+    if type(value) is not int or not INT32_MIN <= value <= INT32_MAX:
+        raise ProtocolError(f"header field {key!r} is not an int: {value!r:.64}", opaque=opaque)
+    return value
+
+
+def _decode_json(header: bytes, body: bytes) -> RemotingCommand:
+    try:
+        # The C++ client's jsoncpp writer ends the text with "\n"; json.loads skips it.
+        obj = json.loads(header.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ProtocolError(f"header is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"header is a JSON {type(obj).__name__}, not an object")
+    if "opaque" not in obj:
+        raise ProtocolError("header has no opaque")
+    opaque = _json_int(obj, "opaque", None)
+    flag = _json_int(obj, "flag", opaque)
+    answer = _answerable(opaque, flag)
+    if "code" not in obj:
+        raise ProtocolError("header has no code", opaque=answer)
+    code = _json_int(obj, "code", answer)
+    version = _json_int(obj, "version", answer)
+    language = obj.get("language", EVQ_LANGUAGE.name)
+    if not isinstance(language, str):
+        raise ProtocolError(f"header field 'language' is not a string: {language!r:.64}",
+                            opaque=answer)
+    remark = obj.get("remark")
+    if remark is not None and not isinstance(remark, str):
+        raise ProtocolError(f"header field 'remark' is not a string: {remark!r:.64}",
+                            opaque=answer)
+    raw_ext = obj.get("extFields")
+    if raw_ext is not None and not isinstance(raw_ext, dict):
+        raise ProtocolError("header field 'extFields' is not an object", opaque=answer)
+    try:
+        fields = ext_fields(raw_ext)
+    except TypeError as exc:
+        raise ProtocolError(f"header field 'extFields': {exc}", opaque=answer) from exc
+    return RemotingCommand(
+        code=code,
+        language=LanguageCode.__members__.get(language, LanguageCode.OTHER),
+        version=version,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=fields,
+        body=body,
+        serialize_type=SerializeType.JSON,
+    )
+
+
+class _BinaryReader:
+    """Bounds-checked reads over a binary header; running off its end is a ProtocolError."""
+
+    __slots__ = ("at", "data", "opaque")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+        self.opaque: int | None = None
+
+    def fixed(self, layout: struct.Struct) -> tuple[int, ...]:
+        if self.at + layout.size > len(self.data):
+            raise ProtocolError("ROCKETMQ header truncated", opaque=self.opaque)
+        values = layout.unpack_from(self.data, self.at)
+        self.at += layout.size
+        return values
+
+    def text(self, length_layout: struct.Struct) -> str:
+        (length,) = self.fixed(length_layout)
+        if length < 0 or self.at + length > len(self.data):
+            raise ProtocolError(f"ROCKETMQ header string length {length} out of range",
+                                opaque=self.opaque)
+        raw = self.data[self.at : self.at + length]
+        self.at += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("ROCKETMQ header string is not UTF-8",
+                                opaque=self.opaque) from exc
+
+
+_LANGUAGES = {lang.value: lang for lang in LanguageCode}
+
+
+def _decode_binary(header: bytes, body: bytes) -> RemotingCommand:
+    reader = _BinaryReader(header)
+    code, language, version, opaque, flag = reader.fixed(BINARY_FIXED)
+    reader.opaque = _answerable(opaque, flag)
+    remark = reader.text(INT32) or None
+    (ext_length,) = reader.fixed(INT32)
+    end = reader.at + ext_length
+    if ext_length < 0 or end != len(reader.data):
+        raise ProtocolError(f"ROCKETMQ extFields length {ext_length} does not fit the header",
+                            opaque=reader.opaque)
+    fields: dict[str, str] = {}
+    while reader.at < end:
+        key = reader.text(INT16)
+        fields[key] = reader.text(INT32)
+    return RemotingCommand(
+        code=code,
+        language=_LANGUAGES.get(language, LanguageCode.OTHER),
+        version=version,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=fields,
+        body=body,
+        serialize_type=SerializeType.ROCKETMQ,
+    )
+
+
+# -- framing ----------------------------------------------------------------------------------
+
+
+class FrameDecoder:
+    """Reassembles commands from a byte stream cut anywhere.
+
+    :meth:`feed` the bytes as they arrive, then call :meth:`next_command` until it returns
+    ``None`` (it needs more bytes).  A malformed frame raises :class:`ProtocolError`; the
+    framing is lost after that, so every later call raises the same error and the connection
+    should be closed once the error's :meth:`~ProtocolError.response` is sent.
+    """
+
+    __slots__ = ("_buf", "_failed", "_pos", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0
+        self._failed: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as commands."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._failed is None:
+            self._buf += data
+
+    def next_command(self) -> RemotingCommand | None:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            cmd = self._next()
+        except ProtocolError as exc:
+            self._failed = exc
+            raise
+        if cmd is None and self._pos:
+            del self._buf[: self._pos]  # compact once per drained batch, not per frame
+            self._pos = 0
+        return cmd
+
+    def _next(self) -> RemotingCommand | None:
+        buf, pos = self._buf, self._pos
+        available = len(buf) - pos
+        if available < 4:
+            return None
+        (length,) = INT32.unpack_from(buf, pos)
+        if length < 4:
+            raise ProtocolError(f"frame length {length} is too small for a header")
+        if length + 4 > self.max_frame:
+            raise ProtocolError(
+                f"frame of {length + 4} bytes exceeds the {self.max_frame}-byte limit",
+                opaque=self._salvage(length),
+            )
+        if available < 4 + length:
+            return None
+        (word,) = INT32.unpack_from(buf, pos + 4)
+        serialize_type, header_length = (word >> 24) & 0xFF, word & HEADER_LENGTH_MASK
+        if header_length > length - 4:
+            raise ProtocolError(f"header length {header_length} exceeds frame length {length}")
+        # Copies out of a view released at once: a live export would forbid resizing the buffer.
+        with memoryview(buf) as view:
+            header = bytes(view[pos + 8 : pos + 8 + header_length])
+            body = bytes(view[pos + 8 + header_length : pos + 4 + length])
+        self._pos = pos + 4 + length
+        return decode_header(serialize_type, header, body)
+
+    def _salvage(self, length: int) -> int | None:
+        """The opaque of an oversize frame when its header already arrived, so it can be
+        answered; only the header is looked at, the body is never buffered for this."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 8:
+            return None
+        (word,) = INT32.unpack_from(buf, pos + 4)
+        header_length = word & HEADER_LENGTH_MASK
+        if header_length > length - 4 or len(buf) - pos < 8 + header_length:
+            return None
+        try:
+            header = bytes(buf[pos + 8 : pos + 8 + header_length])
+            cmd = decode_header((word >> 24) & 0xFF, header, b"")
+        except ProtocolError as exc:
+            return exc.opaque
+        return _answerable(cmd.opaque, cmd.flag)

@@ -1,0 +1,582 @@
+"""The asyncio pumps around :mod:`evq.net.protocol`: server, client, connection, shutdown.
+
+Both ends of a RocketMQ connection send requests: clients call the broker, and the broker calls
+clients back (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED, GET_CONSUMER_RUNNING_INFO).
+So one :class:`Connection` class serves both sides: it answers incoming requests through a
+:class:`Dispatcher` (a table of async handlers by request code) and matches incoming responses to
+its own pending requests by opaque.  :class:`RemotingServer` accepts such connections,
+:class:`RemotingClient` opens one to an address and reopens it on demand.
+
+A handler is ``async def handler(conn: Connection, cmd: RemotingCommand) -> RemotingCommand |
+None``; it answers with ``cmd.response(...)`` or raises :class:`~evq.domain.codes.BrokerError`
+for a refusal.  The dispatcher turns everything else into RocketMQ's answers: unknown codes get
+REQUEST_CODE_NOT_SUPPORTED, any other exception SYSTEM_ERROR (and a log line); oneway requests
+(flag bit 1) get nothing.  A processor module looks like::
+
+    async def get_max_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic, queue_id = cmd.get_str("topic"), cmd.get_int("queueId")
+        return cmd.response(fields={"offset": broker.max_offset(topic, queue_id)})
+
+    dispatcher = Dispatcher({RequestCode.GET_MAX_OFFSET: get_max_offset})
+    server = RemotingServer("127.0.0.1", 10911, dispatcher)
+    await server.start()                       # server.port is the bound port
+    ...
+    conn.add_close_callback(drop_client)       # e.g. in the HEART_BEAT handler
+    answer = await conn.send_request(RemotingCommand.request(code, fields), timeout=3.0)
+    ...
+    await server.shutdown(grace=10.0)
+
+What the transport promises, and why:
+
+* Each request runs in its own task and answers go out in completion order, so a pull parked
+  for 15 s by long polling does not hold up a heartbeat behind it on the same connection (the
+  C++ client drops the whole connection when a heartbeat takes over 3 s).
+* Backpressure: a connection stops reading, and stops starting handlers, while its transport's
+  write buffer is above ``write_high_water`` or ``max_in_flight`` handlers are running; a peer
+  that does not read its answers therefore costs at most about ``write_high_water`` plus
+  ``max_in_flight`` answers of memory.  A handler waiting for the peer's answer to a
+  broker-initiated request is bounded by its own timeout, even while reading is paused.
+* A malformed frame loses the framing: the peer gets SYSTEM_ERROR if its opaque was readable,
+  then the connection is closed; the server and its other connections carry on.
+* Idle connections (nothing received or sent and no request running for ``idle_timeout``
+  seconds, by the injected clock) are closed by the server.
+* :meth:`RemotingServer.shutdown` stops accepting, stops reading, lets running handlers answer
+  for up to ``grace`` seconds, then closes every connection; :func:`run_until_signal` runs a
+  program on uvloop (when installed) until SIGTERM or SIGINT asks it to do that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Final, TypeVar, cast
+
+import attrs
+import structlog
+
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.protocol import (
+    MAX_FRAME,
+    ONEWAY_FLAG,
+    FrameDecoder,
+    OpaqueCounter,
+    ProtocolError,
+    RemotingCommand,
+)
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
+    uvloop = None
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+CloseCallback = Callable[["Connection"], None]
+_T = TypeVar("_T")
+
+SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+_REMARK_LIMIT: Final = 256
+_connection_ids = itertools.count(1)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TransportConfig:
+    """Per-connection limits; the defaults follow the Java broker where it has one."""
+
+    max_frame: int = MAX_FRAME
+    """Largest frame taken from a peer (Java's 16 MiB ``frameMaxLength``)."""
+    max_in_flight: int = 1024
+    """Handlers running at once on one connection: a client process pulls every queue it owns
+    over one connection, with one long poll parked per queue."""
+    write_high_water: int = 4 * 1024 * 1024
+    """Unsent bytes above which the connection stops reading and starting handlers..."""
+    write_low_water: int = 1024 * 1024
+    """...until the peer has taken the buffer down to this."""
+    idle_timeout: float = 120.0
+    """Seconds without traffic after which the server closes a connection (Java: 120)."""
+    idle_check_interval: float = 10.0
+    connect_timeout: float = 3.0
+
+
+class TransportError(Exception):
+    """A request that got no answer: base of the transport's own errors."""
+
+
+class ConnectError(TransportError):
+    """The peer's address refused or did not accept a connection in time."""
+
+
+class ConnectionClosed(TransportError):
+    """The connection closed before the answer came (or was closed when asked to send)."""
+
+
+class RequestTimeout(TransportError):
+    """No answer within the caller's timeout; the pending request is dropped."""
+
+
+class Dispatcher:
+    """The handler table of one side of a connection, and RocketMQ's rules for its failures."""
+
+    def __init__(self, handlers: Mapping[int, Handler] | None = None) -> None:
+        self._handlers: dict[int, Handler] = dict(handlers or {})
+
+    def register(self, code: int, handler: Handler) -> None:
+        self._handlers[code] = handler
+
+    async def dispatch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        handler = self._handlers.get(cmd.code)
+        if handler is None:
+            return cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
+            )
+        try:
+            return await handler(conn, cmd)
+        except BrokerError as exc:
+            return cmd.response(exc.code, exc.remark)
+        except Exception as exc:
+            log.exception("request handler failed", code=cmd.code, conn=conn.id, peer=conn.peer)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, _describe(exc))
+
+
+def _address(sockaddr: tuple[Any, ...] | None) -> str:
+    return f"{sockaddr[0]}:{sockaddr[1]}" if sockaddr else "?"
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _REMARK_LIMIT else text[: _REMARK_LIMIT - 3] + "..."
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection speaking remoting frames, either side.
+
+    ``id`` is unique in the process; ``peer`` is the remote ``ip:port``, ``local`` this end's
+    (the address a client reached: a broker bound to 0.0.0.0 learns its client-facing address
+    here).  Close callbacks run once, when the connection is gone for whatever reason (the
+    broker drops the client's channels there).
+    """
+
+    def __init__(self, dispatcher: Dispatcher, config: TransportConfig, clock: Clock) -> None:
+        self.id = next(_connection_ids)
+        self.peer = "?"
+        self.local = "?"
+        self._dispatcher = dispatcher
+        self._config = config
+        self._clock = clock
+        self._decoder = FrameDecoder(config.max_frame)
+        self._opaques = OpaqueCounter()
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._close_callbacks: list[CloseCallback] = []
+        self._transport: asyncio.Transport | None = None
+        self._closed = asyncio.get_running_loop().create_future()
+        self._writing_paused = False
+        self._stopped = False  # no more requests taken: shutting down or framing lost
+        self._reading = True
+        self.last_active = clock.monotonic()
+
+    # -- state the owner looks at -------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed.done()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests from the peer being handled now."""
+        return len(self._tasks)
+
+    @property
+    def reading_paused(self) -> bool:
+        return not self._reading
+
+    @property
+    def write_buffer_size(self) -> int:
+        """Bytes written and not yet taken by the kernel."""
+        return self._transport.get_write_buffer_size() if self._transport else 0
+
+    def idle_seconds(self) -> float:
+        """How long nothing has happened here; a connection with work running is never idle."""
+        if self._tasks or self._pending:
+            return 0.0
+        return self._clock.monotonic() - self.last_active
+
+    def add_close_callback(self, callback: CloseCallback) -> None:
+        if self.is_closed:
+            callback(self)
+        else:
+            self._close_callbacks.append(callback)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    # -- requests from this side --------------------------------------------------------------
+
+    async def send_request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send ``cmd`` (its opaque is assigned here) and wait for the peer's answer."""
+        cmd.flag &= ~ONEWAY_FLAG
+        cmd.opaque = self._opaques()
+        future = asyncio.get_running_loop().create_future()
+        self._pending[cmd.opaque] = future
+        try:
+            self._write(cmd)
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise RequestTimeout(
+                f"request code {cmd.code} opaque {cmd.opaque} to {self.peer}: "
+                f"no response in {timeout:g} s"
+            ) from None
+        finally:
+            self._pending.pop(cmd.opaque, None)
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        """Send ``cmd`` with the oneway flag; the peer answers nothing."""
+        cmd.flag |= ONEWAY_FLAG
+        cmd.opaque = self._opaques()
+        self._write(cmd)
+
+    def close(self) -> None:
+        """Close after what is already written has been flushed."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent bytes (a peer that stopped reading)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def running(self) -> list[asyncio.Task[None]]:
+        """The tasks handling the peer's requests now (what a graceful shutdown waits for)."""
+        return list(self._tasks)
+
+    def stop(self) -> None:
+        """Take no further requests from the peer; running ones still answer."""
+        self._stopped = True
+        self._update_reading()
+
+    def _write(self, cmd: RemotingCommand) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionClosed(f"connection {self.id} to {self.peer} is closed")
+        self._transport.write(cmd.encode())
+        self.last_active = self._clock.monotonic()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(
+            high=self._config.write_high_water, low=self._config.write_low_water
+        )
+        self.peer = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
+        self.last_active = self._clock.monotonic()
+        log.debug("connection opened", conn=self.id, peer=self.peer)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self._clock.monotonic()
+        self._decoder.feed(data)
+        self._pump()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        log.debug("connection closed", conn=self.id, peer=self.peer, error=exc)
+        for task in self._tasks:
+            task.cancel()  # nobody is left to read the answer (e.g. a parked long poll)
+        closed = ConnectionClosed(f"connection {self.id} to {self.peer} closed")
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(closed)
+        self._closed.set_result(None)
+        for callback in self._close_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("close callback failed", conn=self.id, peer=self.peer)
+        self._close_callbacks.clear()
+
+    # -- incoming frames ----------------------------------------------------------------------
+
+    def _may_take(self) -> bool:
+        return (
+            not self._stopped
+            and not self._writing_paused
+            and len(self._tasks) < self._config.max_in_flight
+        )
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        want = self._may_take()
+        if transport is None or transport.is_closing() or want == self._reading:
+            return
+        self._reading = want
+        if want:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
+
+    def _pump(self) -> None:
+        """Decode and start what the limits allow; the rest waits in the decoder's buffer."""
+        try:
+            while self._may_take() and (cmd := self._decoder.next_command()) is not None:
+                if cmd.is_response:
+                    self._resolve(cmd)
+                else:
+                    task = asyncio.get_running_loop().create_task(self._handle(cmd))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._handled)
+        except ProtocolError as exc:
+            self._refuse(exc)
+        self._update_reading()
+
+    def _resolve(self, response: RemotingCommand) -> None:
+        future = self._pending.get(response.opaque)
+        if future is None or future.done():
+            # A late answer to a request that timed out; the Java client drops them as well.
+            log.debug("response to no pending request", conn=self.id, opaque=response.opaque)
+            return
+        future.set_result(response)
+
+    async def _handle(self, cmd: RemotingCommand) -> None:
+        response = await self._dispatcher.dispatch(self, cmd)
+        if response is None or cmd.is_oneway or self._transport is None:
+            return
+        if self._transport.is_closing():
+            return
+        try:
+            self._write(response)
+        except ProtocolError as exc:
+            log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
+            self._write(cmd.response(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}"))
+
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("request task failed", conn=self.id, peer=self.peer, error=repr(exc))
+        if not self.is_closed:
+            self._pump()
+
+    def _refuse(self, exc: ProtocolError) -> None:
+        log.warning("malformed frame, closing", conn=self.id, peer=self.peer, reason=exc.reason)
+        self._stopped = True
+        answer = exc.response()
+        if answer is not None:
+            self._write(answer)
+        self.close()
+
+
+class RemotingServer:
+    """Accepts remoting connections on ``host:port`` (port 0 picks a free one)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        dispatcher: Dispatcher,
+        *,
+        config: TransportConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.dispatcher = dispatcher
+        self.config = config or TransportConfig()
+        self._clock = clock
+        self._server: asyncio.Server | None = None
+        self._connections: set[Connection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and listen; ``port`` is the bound port afterwards.  Raises OSError."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._new_connection, self.host, self.port, reuse_address=True, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
+        log.info("listening", host=self.host, port=self.port)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        return frozenset(self._connections)
+
+    def close_idle(self) -> int:
+        """Close every connection idle for ``idle_timeout``; how many were closed."""
+        idle = [c for c in self._connections if c.idle_seconds() >= self.config.idle_timeout]
+        for conn in idle:
+            log.info("closing idle connection", conn=conn.id, peer=conn.peer)
+            conn.close()
+        return len(idle)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop accepting and reading, give running handlers ``grace`` seconds to answer,
+        then close every connection (aborting those whose peer does not take the bytes)."""
+        if self._server is None:
+            return
+        self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        connections = list(self._connections)
+        for conn in connections:
+            conn.stop()
+        running = [task for conn in connections for task in conn.running()]
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace)
+            if late:
+                log.warning("cancelling handlers still running after grace", count=len(late))
+                for task in late:
+                    task.cancel()
+        for conn in connections:
+            conn.close()
+        closing = [loop.create_task(conn.wait_closed()) for conn in connections]
+        if closing:
+            await asyncio.wait(closing, timeout=max(0.0, deadline - loop.time()))
+        for conn, waiter in zip(connections, closing, strict=True):
+            if not waiter.done():
+                conn.abort()
+                waiter.cancel()
+        await self._server.wait_closed()
+        self._server = None
+        log.info("stopped", host=self.host, port=self.port)
+
+    async def __aenter__(self) -> RemotingServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def _new_connection(self) -> Connection:
+        conn = Connection(self.dispatcher, self.config, self._clock)
+        self._connections.add(conn)
+        conn.add_close_callback(self._connections.discard)
+        return conn
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.idle_check_interval)
+            self.close_idle()
+
+
+class RemotingClient:
+    """A connection to one ``host:port``, opened on first use and reopened after a close.
+
+    ``dispatcher`` answers the requests the server sends this side (broker-initiated codes);
+    without one every such request gets REQUEST_CODE_NOT_SUPPORTED.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        dispatcher: Dispatcher | None = None,
+        *,
+        config: TransportConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.dispatcher = dispatcher or Dispatcher()
+        self.config = config or TransportConfig()
+        self._clock = clock
+        self._conn: Connection | None = None
+        self._connecting = asyncio.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def connection(self) -> Connection:
+        """The open connection, connecting first if there is none."""
+        async with self._connecting:
+            if self._conn is None or self._conn.is_closed:
+                self._conn = await self._connect()
+            return self._conn
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request and return the answer; raises a :class:`TransportError`."""
+        conn = await self.connection()
+        return await conn.send_request(cmd, timeout)
+
+    async def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        conn = await self.connection()
+        conn.send_oneway(cmd)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            await self._conn.wait_closed()
+            self._conn = None
+
+    async def __aenter__(self) -> RemotingClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.config.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self.dispatcher, self.config, self._clock),
+                    self.host,
+                    self.port,
+                )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectError(f"cannot connect to {self.address}: {exc or 'timed out'}") from exc
+        return conn
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (several times asyncio's throughput), else asyncio's."""
+    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+
+
+def run(main: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``main`` to completion on a fresh :func:`new_event_loop`."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)
+
+
+def run_until_signal(serve: Callable[[asyncio.Event], Awaitable[_T]]) -> _T:
+    """Run ``serve(stop)``; SIGTERM or SIGINT sets ``stop``, and ``serve`` shuts down then.
+
+    ``serve`` starts its servers, awaits ``stop.wait()``, then shuts them down (for example
+    :meth:`RemotingServer.shutdown`, then flushing the store) and returns the exit status.
+    """
+
+    async def main() -> _T:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            log.info("shutting down", signal=sig.name)
+            stop.set()
+
+        for sig in SHUTDOWN_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await serve(stop)
+        finally:
+            for sig in SHUTDOWN_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    return run(main())

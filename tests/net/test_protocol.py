@@ -1,0 +1,437 @@
+"""The remoting codec fed bytes: layouts, both clients' header dialects, malformed frames."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.codes import LanguageCode, RequestCode, Version
+from evq.net.protocol import (
+    INT32_MAX,
+    MAX_FRAME,
+    FrameDecoder,
+    HeaderFieldError,
+    OpaqueCounter,
+    ProtocolError,
+    RemotingCommand,
+    SerializeType,
+    ext_fields,
+)
+from tests.strategies import remoting_commands
+
+
+def frame(header: bytes, body: bytes = b"", serialize_type: int = 0) -> bytes:
+    """A frame built by hand, the way a client lays it out."""
+    word = serialize_type << 24 | len(header)
+    return struct.pack(">iI", 4 + len(header) + len(body), word) + header + body
+
+
+def decode_all(data: bytes, max_frame: int = MAX_FRAME) -> list[RemotingCommand]:
+    decoder = FrameDecoder(max_frame)
+    decoder.feed(data)
+    out = []
+    while (cmd := decoder.next_command()) is not None:
+        out.append(cmd)
+    assert decoder.buffered == 0
+    return out
+
+
+def decode_one(data: bytes) -> RemotingCommand:
+    (cmd,) = decode_all(data)
+    return cmd
+
+
+def broken(data: bytes, max_frame: int = MAX_FRAME) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        decode_all(data, max_frame)
+    return info.value
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+@given(remoting_commands())
+def test_every_command_survives_encode_and_decode(cmd: RemotingCommand) -> None:
+    assert decode_one(cmd.encode()) == cmd
+
+
+@given(st.lists(remoting_commands(body=st.binary(max_size=64)), max_size=6), st.data())
+def test_decoder_reassembles_any_chunking(cmds: list[RemotingCommand], data: st.DataObject) -> None:
+    stream = b"".join(c.encode() for c in cmds)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    decoder = FrameDecoder()
+    got = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        decoder.feed(stream[start:end])
+        while (cmd := decoder.next_command()) is not None:
+            got.append(cmd)
+    assert got == cmds
+    assert decoder.buffered == 0
+
+
+@given(st.binary(max_size=512), st.data())
+def test_garbage_only_ever_raises_protocol_error(garbage: bytes, data: st.DataObject) -> None:
+    decoder = FrameDecoder(max_frame=4096)
+    at = 0
+    while at < len(garbage):
+        step = data.draw(st.integers(1, len(garbage) - at))
+        decoder.feed(garbage[at : at + step])
+        at += step
+        try:
+            while decoder.next_command() is not None:
+                pass
+        except ProtocolError:
+            return
+        assert decoder.buffered <= at
+
+
+@given(remoting_commands(body=st.binary(max_size=32)), st.data())
+def test_corrupted_frames_only_ever_raise_protocol_error(
+    cmd: RemotingCommand, data: st.DataObject
+) -> None:
+    raw = bytearray(cmd.encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    decoder = FrameDecoder(max_frame=4096)
+    decoder.feed(raw)
+    with contextlib.suppress(ProtocolError):
+        while (decoded := decoder.next_command()) is not None:
+            assert all(type(v) is str for v in decoded.ext_fields.values())
+
+
+@given(st.dictionaries(st.text(max_size=8),
+                       st.integers() | st.booleans() | st.text(max_size=8), max_size=6))
+def test_mixed_scalar_ext_fields_come_out_as_java_strings(raw: dict[str, object]) -> None:
+    header = json.dumps({"code": 11, "opaque": 1, "extFields": raw}).encode()
+    fields = decode_one(frame(header)).ext_fields
+    for key, value in raw.items():
+        expected = {True: "true", False: "false"}[value] if isinstance(value, bool) else str(value)
+        assert fields[key] == expected
+
+
+# --- the JSON header, as clients send it and as they must read it --------------------------
+
+
+def test_response_header_is_fastjson_ordered_compact_with_string_ext_fields() -> None:
+    request = RemotingCommand(code=RequestCode.SEND_MESSAGE, opaque=17)
+    response = request.response(fields={"msgId": "C0A8", "queueId": 3, "queueOffset": 1 << 40})
+    raw = response.encode()
+    length, word = struct.unpack_from(">ii", raw)
+    assert word >> 24 == 0, "stock clients read the header word unmasked"
+    assert length == len(raw) - 4
+    assert raw[8 : 8 + word] == (
+        b'{"code":0,"extFields":{"msgId":"C0A8","queueId":"3","queueOffset":"1099511627776"},'
+        b'"flag":1,"language":"JAVA","opaque":17,"serializeTypeCurrentRPC":"JSON","version":407}'
+    )
+
+
+def test_response_omits_absent_remark_and_ext_fields_like_java() -> None:
+    raw = RemotingCommand(code=RequestCode.HEART_BEAT, opaque=2).response().encode()
+    header = json.loads(raw[8:])
+    assert "remark" not in header
+    assert "extFields" not in header
+
+
+def test_cpp_request_with_trailing_newline_and_int_fields() -> None:
+    # jsoncpp FastWriter: alphabetical keys, remark "", ints and strings mixed, "\n" counted.
+    header = (
+        b'{"code":10,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN","Signature":"",'
+        b'"batch":"0","defaultTopicQueueNums":4,"flag":0,"producerGroup":"pg","queueId":2,'
+        b'"sysFlag":0,"topic":"T"},"flag":0,"language":"CPP","opaque":0,"remark":"",'
+        b'"serializeTypeCurrentRPC":"JSON","version":63}\n'
+    )
+    cmd = decode_one(frame(header, b"hello"))
+    assert cmd.code == RequestCode.SEND_MESSAGE
+    assert cmd.language is LanguageCode.CPP
+    assert cmd.version == Version.V3_1_8
+    assert cmd.remark == ""
+    assert cmd.body == b"hello"
+    assert cmd.ext_fields["queueId"] == "2"
+    assert cmd.get_int("queueId") == 2
+    assert cmd.get_bool("batch") is False
+    assert cmd.get_str("producerGroup") == "pg"
+
+
+def test_ali_ons_request_in_its_own_key_order_with_js_values() -> None:
+    header = (
+        b'{"code":11,"language":"JAVA","opaque":5,"flag":0,"version":121,'
+        b'"extFields":{"consumerGroup":"g","queueId":0,"queueOffset":1700000000000,'
+        b'"sysFlag":6,"commitOffset":0,"suspendTimeoutMillis":15000,"subscription":"*",'
+        b'"subVersion":1700000000000,"unitMode":false}}'
+    )
+    cmd = decode_one(frame(header))
+    assert cmd.opaque == 5
+    assert cmd.version == Version.V3_4_9
+    assert cmd.remark is None
+    assert cmd.get_long("queueOffset") == 1_700_000_000_000
+    assert cmd.get_bool("unitMode") is False
+    assert cmd.ext_fields["unitMode"] == "false"
+    assert cmd.ext_fields["queueId"] == "0"
+
+
+def test_numeric_strings_are_read_for_top_level_ints() -> None:
+    cmd = decode_one(frame(b'{"code":"34","opaque":"9","flag":"0"}'))
+    assert (cmd.code, cmd.opaque, cmd.flag, cmd.version) == (34, 9, 0, 0)
+
+
+def test_unknown_language_is_other() -> None:
+    cmd = decode_one(frame(b'{"code":34,"opaque":1,"language":"COBOL"}'))
+    assert cmd.language is LanguageCode.OTHER
+
+
+# --- the ROCKETMQ binary header ------------------------------------------------------------
+
+
+def test_binary_header_layout() -> None:
+    cmd = RemotingCommand(
+        code=RequestCode.PULL_MESSAGE, language=LanguageCode.PYTHON, version=407, opaque=9,
+        flag=2, remark="hi", ext_fields={"k": "vv"}, body=b"B",
+        serialize_type=SerializeType.ROCKETMQ,
+    )
+    header = (
+        struct.pack(">hBhii", 11, 3, 407, 9, 2)
+        + struct.pack(">i", 2) + b"hi"
+        + struct.pack(">i", 2 + 1 + 4 + 2) + struct.pack(">h", 1) + b"k" + struct.pack(">i", 2)
+        + b"vv"
+    )
+    assert cmd.encode() == frame(header, b"B", serialize_type=1)
+
+
+def test_binary_empty_remark_means_none() -> None:
+    cmd = RemotingCommand(code=0, remark="", serialize_type=SerializeType.ROCKETMQ)
+    assert decode_one(cmd.encode()).remark is None
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (struct.pack(">hBhi", 1, 0, 0, 0), "truncated"),
+        (struct.pack(">hBhiii", 1, 0, 0, 7, 0, 99), "out of range"),
+        (struct.pack(">hBhiiii", 1, 0, 0, 7, 0, 0, 3), "does not fit"),
+        (struct.pack(">hBhiiii", 1, 0, 0, 7, 0, 0, 6) + struct.pack(">h", 9) + b"abcd",
+         "out of range"),
+        (struct.pack(">hBhiii", 1, 0, 0, 7, 0, 1) + b"\xff" + struct.pack(">i", 0),
+         "not UTF-8"),
+    ],
+)
+def test_malformed_binary_headers(header: bytes, reason: str) -> None:
+    error = broken(frame(header, serialize_type=1))
+    assert reason in error.reason
+
+
+def test_unencodable_binary_header_is_a_protocol_error() -> None:
+    cmd = RemotingCommand(code=1 << 20, serialize_type=SerializeType.ROCKETMQ)
+    with pytest.raises(ProtocolError):
+        cmd.encode()
+
+
+# --- malformed frames ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (struct.pack(">i", -1), "too small"),
+        (struct.pack(">ii", 3, 0), "too small"),
+        (struct.pack(">ii", 8, 5) + b"{}{}", "exceeds frame length"),
+        (frame(b"{not json"), "not JSON"),
+        (frame(b"\xff\xfe"), "not JSON"),
+        (frame(b"[" * 100_000), "not JSON"),
+        (frame(b"[1,2]"), "not an object"),
+        (frame(b'{"code":1}'), "no opaque"),
+        (frame(b"{}", serialize_type=7), "unknown serialize type 7"),
+        (frame(b"{}", serialize_type=0x80), "unknown serialize type 128"),
+    ],
+)
+def test_malformed_frames_without_a_known_opaque(data: bytes, reason: str) -> None:
+    error = broken(data)
+    assert reason in error.reason
+    assert error.opaque is None
+    assert error.response() is None
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (b'{"opaque":7}', "no code"),
+        (b'{"opaque":7,"code":true}', "'code' is not an int"),
+        (b'{"opaque":7,"code":1.5}', "'code' is not an int"),
+        (b'{"opaque":7,"code":4294967296}', "'code' is not an int"),
+        (b'{"opaque":7,"code":1,"language":3}', "'language'"),
+        (b'{"opaque":7,"code":1,"remark":[]}', "'remark'"),
+        (b'{"opaque":7,"code":1,"extFields":[]}', "'extFields' is not an object"),
+        (b'{"opaque":7,"code":1,"extFields":{"a":{"b":1}}}', "'extFields'"),
+    ],
+)
+def test_malformed_requests_with_a_known_opaque_can_be_answered(
+    header: bytes, reason: str
+) -> None:
+    error = broken(frame(header))
+    assert reason in error.reason
+    assert error.opaque == 7
+    answer = error.response()
+    assert answer is not None
+    assert (answer.code, answer.opaque, answer.is_response) == (ResponseCode.SYSTEM_ERROR, 7, True)
+    assert decode_one(answer.encode()).remark == error.reason
+
+
+@pytest.mark.parametrize("flag", [1, 2, 3])
+def test_broken_responses_and_oneway_requests_get_no_answer(flag: int) -> None:
+    error = broken(frame(b'{"opaque":7,"code":[],"flag":%d}' % flag))
+    assert error.response() is None
+
+
+def test_oversize_frame_is_refused_from_its_length_and_answered_from_its_header() -> None:
+    header = b'{"code":10,"opaque":42}'
+    prefix = struct.pack(">ii", 4 + len(header) + 2000, len(header)) + header
+    decoder = FrameDecoder(max_frame=1024)
+    decoder.feed(prefix)  # the body never arrives: the length alone decides
+    with pytest.raises(ProtocolError) as info:
+        decoder.next_command()
+    assert "exceeds the 1024-byte limit" in info.value.reason
+    assert info.value.opaque == 42
+
+
+def test_oversize_frame_before_its_header_arrived_has_no_opaque() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(struct.pack(">i", MAX_FRAME))
+    with pytest.raises(ProtocolError) as info:
+        decoder.next_command()
+    assert info.value.opaque is None
+
+
+def test_frame_of_exactly_the_limit_is_accepted() -> None:
+    header = b'{"code":10,"opaque":1}'
+    body = bytes(100 - 8 - len(header))
+    assert decode_one(frame(header, body)).body == body
+    assert len(frame(header, body)) == 100
+    assert decode_all(frame(header, body), max_frame=100)
+    broken(frame(header, body + b"x"), max_frame=100)
+
+
+def test_decoder_stays_failed_and_ignores_later_bytes() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(frame(b"nope"))
+    with pytest.raises(ProtocolError) as first:
+        decoder.next_command()
+    decoder.feed(RemotingCommand(code=1, opaque=1).encode())
+    with pytest.raises(ProtocolError) as again:
+        decoder.next_command()
+    assert again.value is first.value
+
+
+def test_good_frames_before_a_bad_one_are_delivered() -> None:
+    good = RemotingCommand(code=34, opaque=1)
+    decoder = FrameDecoder()
+    decoder.feed(good.encode() + frame(b"nope"))
+    assert decoder.next_command() == good
+    with pytest.raises(ProtocolError):
+        decoder.next_command()
+
+
+# --- building commands ---------------------------------------------------------------------
+
+
+@given(remoting_commands(body=st.just(b"")))
+def test_response_keeps_opaque_and_serialization_and_sets_the_response_bit(
+    request: RemotingCommand,
+) -> None:
+    response = request.response(ResponseCode.TOPIC_NOT_EXIST, "no topic")
+    assert response.opaque == request.opaque
+    assert response.serialize_type is request.serialize_type
+    assert response.is_response
+    assert not response.is_oneway
+    assert (response.code, response.remark) == (ResponseCode.TOPIC_NOT_EXIST, "no topic")
+
+
+def test_request_builder_flags_and_fields() -> None:
+    cmd = RemotingCommand.request(
+        RequestCode.UPDATE_CONSUMER_OFFSET, {"queueId": 1, "commit": True, "skip": None},
+        oneway=True,
+    )
+    assert cmd.is_oneway
+    assert not cmd.is_response
+    assert cmd.ext_fields == {"queueId": "1", "commit": "true"}
+
+
+def test_ext_fields_refuses_structured_values() -> None:
+    with pytest.raises(TypeError):
+        ext_fields({"a": [1]})
+
+
+def test_opaque_counter_stays_positive_31_bit() -> None:
+    counter = OpaqueCounter()
+    assert [counter(), counter()] == [1, 2]
+    counter._next = INT32_MAX
+    assert [counter(), counter()] == [INT32_MAX, 1]
+
+
+# --- typed extFields accessors -------------------------------------------------------------
+
+
+@pytest.fixture
+def header() -> RemotingCommand:
+    return RemotingCommand(
+        code=RequestCode.PULL_MESSAGE,
+        ext_fields={
+            "queueId": "3", "queueOffset": "-9223372036854775808", "big": "2147483648",
+            "one": "1", "yes": "TRUE", "zero": "0", "no": "False", "maybe": "yes",
+            "empty": "", "word": "abc", "group": "g", "spaced": " 1",
+        },
+    )
+
+
+def test_typed_values(header: RemotingCommand) -> None:
+    assert header.get_int("queueId") == 3
+    assert header.get_long("queueOffset") == -(2**63)
+    assert header.get_long("big") == 2**31
+    assert [header.get_bool(k) for k in ("one", "yes", "zero", "no")] == [True, True, False, False]
+    assert header.get_str("group") == "g"
+
+
+def test_absent_fields_take_the_default(header: RemotingCommand) -> None:
+    assert header.get_int("missing", -1) == -1
+    assert header.get_long("missing", None) is None
+    assert header.get_bool("missing", False) is False
+    assert header.get_str("missing", "dflt") == "dflt"
+
+
+def test_empty_string_is_absent_only_when_asked(header: RemotingCommand) -> None:
+    assert header.get_str("empty") == ""
+    assert header.get_str("empty", None, empty_as_absent=True) is None
+    with pytest.raises(HeaderFieldError, match="<empty> is null"):
+        header.get_str("empty", empty_as_absent=True)
+
+
+@pytest.mark.parametrize(
+    ("getter", "name", "message"),
+    [
+        ("get_int", "missing", "the custom field <missing> is null"),
+        ("get_str", "missing", "the custom field <missing> is null"),
+        ("get_int", "big", "<big> is not a valid int"),
+        ("get_int", "word", "<word> is not a valid int"),
+        ("get_int", "spaced", "<spaced> is not a valid int"),
+        ("get_long", "empty", "<empty> is not a valid long"),
+        ("get_bool", "maybe", "<maybe> is not a valid boolean"),
+    ],
+)
+def test_bad_or_missing_required_fields_are_system_errors_naming_the_field(
+    header: RemotingCommand, getter: str, name: str, message: str
+) -> None:
+    with pytest.raises(BrokerError) as info:
+        getattr(header, getter)(name)
+    assert info.value.code is ResponseCode.SYSTEM_ERROR
+    assert message in info.value.remark
+
+
+def test_huge_numeric_text_is_a_field_error_not_a_crash() -> None:
+    cmd = RemotingCommand(code=1, ext_fields={"n": "9" * 10_000})
+    with pytest.raises(HeaderFieldError):
+        cmd.get_long("n")
+    with pytest.raises(ProtocolError):
+        decode_all(frame(b'{"code":1,"opaque":"' + b"9" * 10_000 + b'"}'))

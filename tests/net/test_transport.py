@@ -1,0 +1,493 @@
+"""The asyncio transport over real sockets on 127.0.0.1 (port 0: a free port each time)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from evq.domain.clock import ManualClock
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import (
+    ConnectError,
+    Connection,
+    ConnectionClosed,
+    Dispatcher,
+    RemotingClient,
+    RemotingServer,
+    RequestTimeout,
+)
+from tests.net.harness import (
+    ECHO,
+    FAST,
+    HOST,
+    SLOW,
+    TIMEOUT,
+    RawPeer,
+    client_of,
+    echo,
+    eventually,
+    raw_frame,
+    serving,
+)
+
+# --- request/response ------------------------------------------------------------------------
+
+
+async def test_request_and_response_round_trip() -> None:
+    async with serving({ECHO: echo}) as server, client_of(server) as client:
+        request = RemotingCommand.request(ECHO, {"topic": "T", "queueId": 3}, b"body")
+        response = await client.invoke(request, TIMEOUT)
+        assert response.is_response
+        assert response.opaque == request.opaque
+        assert response.code == ResponseCode.SUCCESS
+        assert response.ext_fields == {"topic": "T", "queueId": "3"}
+        assert response.body == b"body"
+        (conn,) = server.connections
+        assert conn.local == server.address
+        assert conn.peer == (await client.connection()).local
+        second = await client.invoke(RemotingCommand.request(ECHO), TIMEOUT)
+        assert second.opaque == request.opaque + 1
+
+
+async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection() -> None:
+    release = asyncio.Event()
+    parked = 0
+
+    async def long_poll(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        nonlocal parked
+        parked += 1
+        await release.wait()
+        return cmd.response(fields={"n": cmd.ext_fields["n"]})
+
+    async def heartbeat(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response()
+
+    async with serving({SLOW: long_poll, FAST: heartbeat}) as server, client_of(server) as client:
+        polls = [
+            asyncio.create_task(client.invoke(RemotingCommand.request(SLOW, {"n": i}), TIMEOUT))
+            for i in range(100)
+        ]
+        await eventually(lambda: parked == 100)
+        beat = await client.invoke(RemotingCommand.request(FAST), TIMEOUT)
+        assert beat.code == ResponseCode.SUCCESS
+        assert not any(p.done() for p in polls)
+        (conn,) = server.connections
+        assert conn.in_flight == 100
+        release.set()
+        answers = await asyncio.gather(*polls)
+        assert [a.ext_fields["n"] for a in answers] == [str(i) for i in range(100)]
+
+
+async def test_answers_go_out_in_completion_order_matched_by_opaque() -> None:
+    gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    async def gated(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await gates[cmd.ext_fields["gate"]].wait()
+        return cmd.response(fields={"gate": cmd.ext_fields["gate"]})
+
+    async with serving({SLOW: gated}) as server, RawPeer.connect(server) as peer:
+        first = RemotingCommand(code=SLOW, opaque=1, ext_fields={"gate": "a"})
+        second = RemotingCommand(code=SLOW, opaque=2, ext_fields={"gate": "b"})
+        await peer.send(first.encode() + second.encode())
+        gates["b"].set()
+        answer = await peer.receive()
+        assert answer is not None
+        assert (answer.opaque, answer.ext_fields["gate"]) == (2, "b")
+        gates["a"].set()
+        answer = await peer.receive()
+        assert answer is not None
+        assert (answer.opaque, answer.ext_fields["gate"]) == (1, "a")
+
+
+async def test_oneway_requests_run_and_get_no_answer() -> None:
+    seen: list[int] = []
+
+    async def record(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        seen.append(cmd.opaque)
+        return cmd.response()
+
+    async with serving({ECHO: record}) as server, RawPeer.connect(server) as peer:
+        oneway = RemotingCommand(code=ECHO, opaque=1, flag=2)
+        normal = RemotingCommand(code=ECHO, opaque=2)
+        await peer.send(oneway.encode())
+        await eventually(lambda: seen == [1])
+        await peer.send(normal.encode())
+        answer = await peer.receive()
+        assert answer is not None
+        assert answer.opaque == 2
+        assert seen == [1, 2]
+
+
+async def test_client_oneway_reaches_the_handler() -> None:
+    got = asyncio.Event()
+
+    async def record(conn: Connection, cmd: RemotingCommand) -> None:
+        assert cmd.is_oneway
+        got.set()
+
+    async with serving({RequestCode.UPDATE_CONSUMER_OFFSET: record}) as server, \
+            client_of(server) as client:
+        await client.invoke_oneway(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET))
+        await asyncio.wait_for(got.wait(), TIMEOUT)
+
+
+# --- errors answered ---------------------------------------------------------------------------
+
+
+async def test_unknown_code_is_not_supported() -> None:
+    async with serving({}) as server, client_of(server) as client:
+        answer = await client.invoke(RemotingCommand.request(9999), TIMEOUT)
+        assert answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert answer.remark == " request type 9999 not supported"
+
+
+async def test_handler_failures_are_answered_and_the_connection_survives() -> None:
+    async def refuse(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, "topic[T] not exist")
+
+    async def crash(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        raise RuntimeError("boom")
+
+    async def needs_field(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(fields={"q": cmd.get_int("queueId")})
+
+    handlers = {1001: refuse, 1002: crash, 1003: needs_field, ECHO: echo}
+    async with serving(handlers) as server, client_of(server) as client:
+        refused = await client.invoke(RemotingCommand.request(1001), TIMEOUT)
+        assert refused.code == ResponseCode.TOPIC_NOT_EXIST
+        assert refused.remark == "topic[T] not exist"
+        with capture_logs() as logs:
+            crashed = await client.invoke(RemotingCommand.request(1002), TIMEOUT)
+        assert (crashed.code, crashed.remark) == (ResponseCode.SYSTEM_ERROR, "RuntimeError: boom")
+        assert [e["event"] for e in logs] == ["request handler failed"]
+        assert logs[0]["log_level"] == "error"
+        missing = await client.invoke(RemotingCommand.request(1003), TIMEOUT)
+        assert missing.code == ResponseCode.SYSTEM_ERROR
+        assert missing.remark == "the custom field <queueId> is null"
+        assert (await client.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+        assert len(server.connections) == 1
+
+
+# --- malformed input -------------------------------------------------------------------------
+
+
+async def test_malformed_frame_is_answered_then_closed_while_others_are_served() -> None:
+    async with serving({ECHO: echo}) as server, client_of(server) as bystander:
+        async with RawPeer.connect(server) as peer:
+            await peer.send(raw_frame(b'{"code":10,"opaque":77,"extFields":[1]}'))
+            answer = await peer.receive()
+            assert answer is not None
+            assert (answer.code, answer.opaque) == (ResponseCode.SYSTEM_ERROR, 77)
+            assert "extFields" in (answer.remark or "")
+            assert await peer.receive() is None  # closed: framing is lost
+        assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
+async def test_garbage_without_an_opaque_just_closes() -> None:
+    async with serving({ECHO: echo}) as server, client_of(server) as bystander:
+        for garbage in (b"\xff\xff\xff\xff", raw_frame(b"not json"), b"\x00\x00\x00\x02xx"):
+            async with RawPeer.connect(server) as peer:
+                with capture_logs() as logs:
+                    await peer.send(garbage)
+                    assert await peer.receive() is None
+                assert logs[0]["event"] == "malformed frame, closing"
+        assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
+async def test_oversize_frame_is_refused_without_buffering_it() -> None:
+    async with serving({ECHO: echo}, max_frame=64 * 1024) as server, \
+            client_of(server) as bystander:
+        async with RawPeer.connect(server) as peer:
+            header = b'{"code":10,"opaque":5}'
+            claimed = struct.pack(">ii", 4 + len(header) + 10_000_000, len(header)) + header
+            await peer.send(claimed + bytes(1000))
+            answer = await peer.receive()
+            assert answer is not None
+            assert (answer.code, answer.opaque) == (ResponseCode.SYSTEM_ERROR, 5)
+            assert "exceeds the 65536-byte limit" in (answer.remark or "")
+            assert await peer.receive() is None
+        assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
+# --- limits -------------------------------------------------------------------------------
+
+
+async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> None:
+    answer_size = 64 * 1024
+    high_water, in_flight = 256 * 1024, 4
+    peak = 0
+    handled = 0
+
+    async def big(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        nonlocal peak, handled
+        handled += 1
+        peak = max(peak, conn.write_buffer_size)
+        return cmd.response(body=bytes(answer_size))
+
+    requests = 1000  # 64 MiB of answers: far beyond what the kernel's socket buffers absorb
+    async with serving(
+        {ECHO: big}, write_high_water=high_water, write_low_water=high_water // 4,
+        max_in_flight=in_flight,
+    ) as server, RawPeer.connect(server) as peer:
+        await peer.send(b"".join(
+            RemotingCommand(code=ECHO, opaque=i).encode() for i in range(1, requests + 1)
+        ))
+        (conn,) = server.connections
+        await eventually(lambda: conn.reading_paused and conn.in_flight == 0)
+        bound = high_water + (in_flight + 1) * (answer_size + 200)
+        assert conn.write_buffer_size <= bound
+        assert handled < requests
+        stalled_at = handled
+
+        opaques = []
+        while len(opaques) < requests:  # reading resumes the server: every answer arrives
+            answer = await peer.receive()
+            assert answer is not None
+            assert len(answer.body) == answer_size
+            opaques.append(answer.opaque)
+        assert sorted(opaques) == list(range(1, requests + 1))
+        assert peak + answer_size <= bound
+        assert stalled_at < handled == requests
+
+
+async def test_in_flight_cap_per_connection() -> None:
+    release = asyncio.Event()
+    started = 0
+    most_seen = 0
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        nonlocal started, most_seen
+        started += 1
+        most_seen = max(most_seen, conn.in_flight)
+        await release.wait()
+        return cmd.response()
+
+    async with serving({SLOW: parked}, max_in_flight=2) as server, \
+            RawPeer.connect(server) as peer:
+        await peer.send(b"".join(RemotingCommand(code=SLOW, opaque=i).encode() for i in (1, 2, 3)))
+        await eventually(lambda: started == 2)
+        (conn,) = server.connections
+        assert conn.reading_paused
+        release.set()
+        answers = [await peer.receive() for _ in range(3)]
+        assert sorted(a.opaque for a in answers if a) == [1, 2, 3]
+        assert started == 3
+        assert most_seen == 2
+
+
+async def test_idle_connections_are_closed_by_the_clock() -> None:
+    clock = ManualClock()
+    async with serving({ECHO: echo}, clock, idle_timeout=120.0) as server, \
+            client_of(server) as idle, client_of(server) as busy:
+        await idle.invoke(RemotingCommand.request(ECHO), TIMEOUT)
+        clock.advance(100)
+        await busy.invoke(RemotingCommand.request(ECHO), TIMEOUT)
+        assert server.close_idle() == 0
+        clock.advance(30)  # idle: 130 s without traffic; busy: 30 s
+        assert server.close_idle() == 1
+        idle_conn = await idle.connection()
+        await asyncio.wait_for(idle_conn.wait_closed(), TIMEOUT)
+        assert len(server.connections) == 1
+        assert (await busy.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+        # The client reconnects on demand.
+        assert (await idle.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
+async def test_the_idle_sweep_runs_by_itself_and_spares_running_requests() -> None:
+    clock = ManualClock()
+    release = asyncio.Event()
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await release.wait()
+        return cmd.response()
+
+    async with serving({SLOW: parked}, clock, idle_timeout=1.0, idle_check_interval=0.01) \
+            as server, client_of(server) as polling, client_of(server) as quiet:
+        poll = asyncio.create_task(polling.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+        quiet_conn = await quiet.connection()
+        await eventually(lambda: len(server.connections) == 2 and any(
+            c.in_flight for c in server.connections))
+        clock.advance(5)
+        await asyncio.wait_for(quiet_conn.wait_closed(), TIMEOUT)
+        release.set()
+        assert (await poll).code == ResponseCode.SUCCESS
+
+
+# --- broker-initiated requests ---------------------------------------------------------------
+
+
+async def test_server_to_client_request_oneway_and_timeout() -> None:
+    channels: list[Connection] = []
+    notified = asyncio.Event()
+
+    async def heartbeat(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        channels.append(conn)
+        return cmd.response()
+
+    async def running_info(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(body=b'{"properties":{}}', fields={"g": cmd.ext_fields["g"]})
+
+    async def ids_changed(conn: Connection, cmd: RemotingCommand) -> None:
+        notified.set()
+
+    async def never(conn: Connection, cmd: RemotingCommand) -> None:
+        return None
+
+    client_side = Dispatcher({
+        RequestCode.GET_CONSUMER_RUNNING_INFO: running_info,
+        RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: ids_changed,
+        RequestCode.CHECK_TRANSACTION_STATE: never,
+    })
+    clock = ManualClock()
+    async with serving({FAST: heartbeat}, clock) as server, \
+            client_of(server, client_side) as client:
+        await client.invoke(RemotingCommand.request(FAST), TIMEOUT)
+        (channel,) = channels
+        answer = await channel.send_request(
+            RemotingCommand.request(RequestCode.GET_CONSUMER_RUNNING_INFO, {"g": "G"}), TIMEOUT
+        )
+        assert (answer.code, answer.body, answer.ext_fields) == (0, b'{"properties":{}}',
+                                                                 {"g": "G"})
+        channel.send_oneway(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED))
+        await asyncio.wait_for(notified.wait(), TIMEOUT)
+        unknown = await channel.send_request(RemotingCommand.request(4242), TIMEOUT)
+        assert unknown.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        timed_out = r"request code 39 opaque \d+ to .*: no response in 0.05 s"
+        with pytest.raises(RequestTimeout, match=timed_out):
+            await channel.send_request(
+                RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE), 0.05
+            )
+        clock.advance(10)
+        assert channel.idle_seconds() == 10  # the timed-out request is no longer pending
+        assert (await client.invoke(RemotingCommand.request(FAST), TIMEOUT)).code == 0
+
+
+async def test_closing_fails_pending_requests_and_runs_close_callbacks() -> None:
+    cancelled = asyncio.Event()
+    closed: list[int] = []
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        conn.add_close_callback(lambda c: closed.append(c.id))
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    async def hang_up(conn: Connection, cmd: RemotingCommand) -> None:
+        conn.close()
+
+    async with serving({SLOW: parked, FAST: hang_up}) as server, client_of(server) as client:
+        poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+        await eventually(lambda: any(c.in_flight for c in server.connections))
+        (conn,) = server.connections
+        with pytest.raises(ConnectionClosed):
+            await client.invoke(RemotingCommand.request(FAST), TIMEOUT)
+        with pytest.raises(ConnectionClosed):
+            await poll
+        await asyncio.wait_for(cancelled.wait(), TIMEOUT)  # the parked handler is not leaked
+        assert closed == [conn.id]
+        assert conn.in_flight == 0
+        assert server.connections == frozenset()
+
+
+async def test_connect_error_is_clear() -> None:
+    async with serving({}) as server:
+        port = server.port
+    async with RemotingClient(HOST, port) as client:
+        with pytest.raises(ConnectError, match=f"cannot connect to {HOST}:{port}"):
+            await client.invoke(RemotingCommand.request(ECHO), TIMEOUT)
+
+
+# --- shutdown -----------------------------------------------------------------------------
+
+
+async def test_graceful_shutdown_answers_in_flight_requests_and_stops_accepting() -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        started.set()
+        await release.wait()
+        return cmd.response(fields={"done": True})
+
+    server = RemotingServer(HOST, 0, Dispatcher({SLOW: parked}))
+    await server.start()
+    async with client_of(server) as client:
+        poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+        await asyncio.wait_for(started.wait(), TIMEOUT)
+        stopping = asyncio.create_task(server.shutdown(grace=TIMEOUT))
+        await eventually(lambda: all(c.reading_paused for c in server.connections))
+        with pytest.raises(ConnectError):
+            async with RemotingClient(HOST, server.port) as late:
+                await late.connection()
+        assert not stopping.done()
+        release.set()
+        answer = await poll
+        assert answer.ext_fields == {"done": "true"}
+        await stopping
+        assert server.connections == frozenset()
+
+
+async def test_shutdown_cancels_handlers_that_outlive_the_grace() -> None:
+    async def forever(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    server = RemotingServer(HOST, 0, Dispatcher({SLOW: forever}))
+    await server.start()
+    async with client_of(server) as client:
+        poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+        await eventually(lambda: any(c.in_flight for c in server.connections))
+        with capture_logs() as logs:
+            await server.shutdown(grace=0.05)
+        assert "cancelling handlers still running after grace" in [e["event"] for e in logs]
+        with pytest.raises(ConnectionClosed):
+            await poll
+
+
+CHILD = Path(__file__).with_name("signal_child.py")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_until_signal_answers_in_flight_then_exits(sig: signal.Signals) -> None:
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with subprocess.Popen(
+        [sys.executable, str(CHILD)], stdout=subprocess.PIPE, env=env, text=True
+    ) as child:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+
+        async def scenario() -> RemotingCommand:
+            async with RemotingClient(HOST, port) as client:
+                poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+                assert child.stdout is not None
+                line = await asyncio.to_thread(child.stdout.readline)
+                assert line == "parked\n"
+                child.send_signal(sig)
+                return await poll
+
+        answer = asyncio.run(scenario())
+        assert answer.ext_fields == {"answered": "after stop"}
+        assert child.wait(TIMEOUT) == 0
+        assert child.stdout.read() == "stopped\n"
+
+
+async def test_server_cannot_start_on_a_port_in_use() -> None:
+    async with serving({}) as server:
+        clash = RemotingServer(HOST, server.port, Dispatcher())
+        with pytest.raises(OSError):
+            await clash.start()
+
