@@ -14,7 +14,9 @@ stderr; ``--log-level debug`` adds the traceback to the log.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -57,6 +59,58 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _port(text: str) -> int:
+    port = _non_negative_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {port}")
+    return port
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> Exception:
+    """A bind failure as one line naming the address and the plain reason (the loop's own text
+    repeats the address as a Python tuple)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return RuntimeError(f"cannot listen on {host}:{port}: {reason}")
+
+
+# --- evq namesrv ----------------------------------------------------------------------------
+
+
+def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from evq.net.namesrv import DEFAULT_PORT
+
+    p = commands.add_parser(
+        "namesrv",
+        help="run a name server",
+        description=(
+            "Run a RocketMQ name server: brokers register their topics here, clients look "
+            "up routes here. Runs until SIGTERM or SIGINT."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                   help=f"port to listen on, 0 for any free one (default: {DEFAULT_PORT})")
+    p.set_defaults(handler=_cmd_namesrv)
+
+
+def _cmd_namesrv(args: argparse.Namespace) -> int:
+    from evq.net.namesrv import NameServer
+    from evq.net.transport import run_until_signal
+
+    async def serve(stop: asyncio.Event) -> int:
+        server = NameServer(args.host, args.port)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise _cannot_listen(args.host, args.port, exc) from exc
+        print(f"{PROG} namesrv listening on {server.address}", flush=True)
+        await stop.wait()
+        await server.shutdown()
+        return 0
+
+    return run_until_signal(serve)
 
 
 # --- evq bench store ------------------------------------------------------------------------
@@ -156,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
                         help="logging threshold (default: per command)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_namesrv(commands)
     _add_bench(commands)
     return parser
 

@@ -179,6 +179,11 @@ class RouteTable:
     def topic_list(self) -> list[str]:
         return sorted(self.topics)
 
+    def topics_by_cluster(self, cluster: str) -> list[str]:
+        """Topics with queues on a broker of ``cluster`` (none for an unknown cluster)."""
+        names = self.clusters.get(cluster, set())
+        return sorted(t for t, queues in self.topics.items() if not names.isdisjoint(queues))
+
     def delete_topic(self, topic: str, cluster: str | None = None) -> None:
         if cluster is None:
             self.topics.pop(topic, None)

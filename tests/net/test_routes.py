@@ -92,3 +92,13 @@ def test_delete_topic_per_cluster() -> None:
     assert rt.route("T") is not None
     rt.delete_topic("T", "C")
     assert rt.route("T") is None
+
+
+def test_topics_by_cluster() -> None:
+    rt = RouteTable()
+    register(rt)
+    rt.register(cluster="D", broker_name="broker-d", broker_addr="127.0.0.1:30911", broker_id=0,
+                ha_server_addr="", topics=[TopicConfig(topic_name="U")], now_ms=0)
+    assert rt.topics_by_cluster("C") == ["T"]
+    assert rt.topics_by_cluster("D") == ["U"]
+    assert rt.topics_by_cluster("NONE") == []

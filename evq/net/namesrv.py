@@ -1,0 +1,209 @@
+"""The name server: RocketMQ's NameServer over :class:`~evq.net.routes.RouteTable`.
+
+Brokers register here every 30 s with their topic tables; clients ask here which brokers serve
+a topic.  Several name servers run side by side without talking to each other: every broker
+registers with each of them, and a client may ask any.  So the state is soft: nothing is
+persisted, a restarted name server is complete again after one registration round.
+
+A broker leaves the tables when it unregisters, when the connection it registered over closes,
+or when it has been silent for 120 s; the scan for silent brokers runs every 10 s, first after
+5 s, as in Java.  Ages are read from the injected clock; only the scan cadence is wall time, so
+a test moves the clock and lets a short ``scan_interval`` notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net import fastjson
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.register_broker import (
+    BrokerIdentity,
+    RegisterBrokerBody,
+    RegisterResult,
+    body_crc32,
+    kv_table,
+)
+from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
+from evq.net.transport import Connection, Dispatcher, Handler, RemotingServer, TransportConfig
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PORT = 9876
+SCAN_INTERVAL = 10.0
+FIRST_SCAN_DELAY = 5.0
+APPLY_TOPIC_URL = "http://rocketmq.apache.org/docs/faq/"
+
+
+def no_route_remark(topic: str) -> str:
+    """Java's TOPIC_NOT_EXIST remark, FAQ pointer included (clients show it to users)."""
+    return (f"No topic route info in name server for the topic: {topic}"
+            f"\nSee {APPLY_TOPIC_URL} for further details.")
+
+
+class NameServer:
+    """A name server on ``host:port`` (port 0 picks a free one; ``port`` is the bound one
+    after :meth:`start`).  ``routes`` is its table, for embedding and inspection."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        scan_interval: float = SCAN_INTERVAL,
+        first_scan_delay: float = FIRST_SCAN_DELAY,
+        broker_expiry_ms: int = BROKER_EXPIRED_MS,
+        config: TransportConfig | None = None,
+    ) -> None:
+        self.routes = RouteTable()
+        self._clock = clock
+        self._scan_interval = scan_interval
+        self._first_scan_delay = first_scan_delay
+        self._broker_expiry_ms = broker_expiry_ms
+        self._watched: set[Connection] = set()  # connections brokers registered over
+        self._scanner: asyncio.Task[None] | None = None
+        handlers: dict[int, Handler] = {
+            RequestCode.PUT_KV_CONFIG: self._put_kv_config,
+            RequestCode.GET_KV_CONFIG: self._get_kv_config,
+            RequestCode.DELETE_KV_CONFIG: self._delete_kv_config,
+            RequestCode.REGISTER_BROKER: self._register_broker,
+            RequestCode.UNREGISTER_BROKER: self._unregister_broker,
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self._get_route,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self._get_cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._get_topic_list,
+            RequestCode.DELETE_TOPIC_IN_NAMESRV: self._delete_topic,
+            RequestCode.GET_KVLIST_BY_NAMESPACE: self._get_kv_list,
+            RequestCode.GET_TOPICS_BY_CLUSTER: self._get_topics_by_cluster,
+        }
+        self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
+                                      clock=clock)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def address(self) -> str:
+        return self._server.address
+
+    async def start(self) -> None:
+        """Listen, and start the expiry scan.  Raises OSError when the port is taken."""
+        await self._server.start()
+        self._scanner = asyncio.get_running_loop().create_task(self._scan_forever())
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        if self._scanner is not None:
+            self._scanner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scanner
+            self._scanner = None
+        await self._server.shutdown(grace)
+
+    async def __aenter__(self) -> NameServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def scan(self) -> list[str]:
+        """Drop the brokers silent for longer than the expiry; their addresses."""
+        return self.routes.expire(self._clock.now_ms(), self._broker_expiry_ms)
+
+    async def _scan_forever(self) -> None:
+        await asyncio.sleep(self._first_scan_delay)
+        while True:
+            self.scan()
+            await asyncio.sleep(self._scan_interval)
+
+    def _connection_closed(self, conn: Connection) -> None:
+        self._watched.discard(conn)
+        for addr in self.routes.channel_closed(conn):
+            log.info("broker_connection_closed", addr=addr, peer=conn.peer)
+
+    # --- brokers ------------------------------------------------------------------------------
+
+    async def _register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        broker = BrokerIdentity.from_request(cmd)
+        crc = cmd.get_int("bodyCrc32", 0)
+        if crc != 0 and crc != body_crc32(cmd.body):
+            log.warning("register_crc_mismatch", peer=conn.peer, broker=broker.broker_addr)
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "crc32 not match")
+        body = RegisterBrokerBody.decode(
+            cmd.body, compressed=cmd.get_bool("compressed", False), version=cmd.version)
+        reg = self.routes.register(
+            cluster=broker.cluster, broker_name=broker.broker_name,
+            broker_addr=broker.broker_addr, broker_id=broker.broker_id,
+            ha_server_addr=broker.ha_server_addr, topics=body.topics,
+            now_ms=self._clock.now_ms(), channel=conn)
+        if conn not in self._watched:
+            self._watched.add(conn)
+            conn.add_close_callback(self._connection_closed)
+        result = RegisterResult(master_addr=reg.master_addr, master_ha_addr=reg.ha_server_addr,
+                                order_topic_config=self.routes.kv_list(ORDER_TOPIC_CONFIG))
+        return cmd.response(fields=result.fields(), body=result.body())
+
+    async def _unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        broker = BrokerIdentity.from_request(cmd, with_ha=False)
+        self.routes.unregister(cluster=broker.cluster, broker_name=broker.broker_name,
+                               broker_addr=broker.broker_addr, broker_id=broker.broker_id)
+        return cmd.response()
+
+    # --- routes and topics ------------------------------------------------------------------
+
+    async def _get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic")
+        route = self.routes.route(topic)
+        if route is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, no_route_remark(topic))
+        return cmd.response(body=fastjson.dumps(route))
+
+    async def _get_cluster_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(body=fastjson.dumps(self.routes.cluster_info()))
+
+    async def _get_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(body=fastjson.dumps({"topicList": self.routes.topic_list()}))
+
+    async def _get_topics_by_cluster(self, conn: Connection,
+                                     cmd: RemotingCommand) -> RemotingCommand:
+        topics = self.routes.topics_by_cluster(cmd.get_str("cluster"))
+        return cmd.response(body=fastjson.dumps({"topicList": topics}))
+
+    async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic")
+        self.routes.delete_topic(topic, cmd.get_str("clusterName", None, empty_as_absent=True))
+        log.info("topic_deleted", topic=topic, peer=conn.peer)
+        return cmd.response()
+
+    # --- KV config --------------------------------------------------------------------------
+
+    async def _put_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self.routes.put_kv(cmd.get_str("namespace"), cmd.get_str("key"), cmd.get_str("value"))
+        return cmd.response()
+
+    async def _get_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        namespace, key = cmd.get_str("namespace"), cmd.get_str("key")
+        value = self.routes.get_kv(namespace, key)
+        if value is None:
+            raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
+                              f"No config item, Namespace: {namespace} Key: {key}")
+        return cmd.response(fields={"value": value})
+
+    async def _delete_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self.routes.delete_kv(cmd.get_str("namespace"), cmd.get_str("key"))
+        return cmd.response()
+
+    async def _get_kv_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        namespace = cmd.get_str("namespace")
+        table = self.routes.kv_list(namespace)
+        if table is None:
+            raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
+                              f"No config item, Namespace: {namespace}")
+        return cmd.response(body=kv_table(table))

@@ -1,0 +1,312 @@
+"""REGISTER_BROKER and UNREGISTER_BROKER on the wire, sans-IO: both the broker's side and the
+name server's side of them (§2.3.13).
+
+The request header names the broker (:class:`BrokerIdentity`); the body carries its topic
+table (:class:`RegisterBrokerBody`), as JSON by default::
+
+    {"filterServerList":[],
+     "topicConfigSerializeWrapper":{"dataVersion":{"counter":3,"timestamp":1700000000000},
+                                    "topicConfigTable":{"T":{"perm":6,"readQueueNums":4,...}}}}
+
+or, when the header says ``compressed=true``, as one zlib stream (best compression) of::
+
+    size    field
+    ------  -------------------------------------------------------------------------------
+         4  DV_LEN          int32, bytes of the DataVersion JSON
+    DV_LEN  DATA_VERSION    {"counter":n,"timestamp":ms}
+         4  TOPIC_COUNT     int32
+            TOPIC_COUNT times:
+         4    LEN           int32
+       LEN    TOPIC         "name readQueueNums writeQueueNums perm filterType", UTF-8
+         4  FS_LEN          int32
+    FS_LEN  FILTER_SERVERS  JSON array of "ip:port"
+
+all integers big-endian.  The compressed topic line has no ``order`` or ``topicSysFlag``; they
+arrive as their defaults.  Brokers older than V3_0_11 send the bare ``topicConfigSerializeWrapper``
+object as the body.  ``bodyCrc32`` in the header is the CRC-32 of the body as sent, masked to
+31 bits; 0 means "not checked".
+
+The answer tells a slave its master (:class:`RegisterResult`): header ``masterAddr`` and
+``haServerAddr``, and as body the name server's ``ORDER_TOPIC_CONFIG`` KV table,
+``{"table":{"topic":"brokerA:4;brokerB:4"}}``, when it has one.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.config_json import from_json, to_json
+from evq.domain.topics import TopicConfig, TopicFilterType
+from evq.net import fastjson
+from evq.net.codes import Version
+from evq.net.protocol import RemotingCommand
+
+INT32 = struct.Struct(">i")
+
+CRC32_MASK: Final = 0x7FFFFFFF
+TOPIC_LINE_SEPARATOR: Final = " "
+MAX_INFLATED: Final = 64 * 1024 * 1024
+"""Largest compressed body accepted once inflated: a zlib bomb in a 16 MiB frame is refused
+instead of filling the name server's memory (a broker with 100,000 topics needs about 5 MiB)."""
+WRAPPED_BODY_SINCE: Final = Version.V3_0_11
+
+
+class RegisterBodyError(BrokerError):
+    """A REGISTER_BROKER body that does not decode; answered as SYSTEM_ERROR, as Java does."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(ResponseCode.SYSTEM_ERROR,
+                         f"Failed to decode RegisterBrokerBody: {reason}")
+
+
+def body_crc32(body: bytes) -> int:
+    """``bodyCrc32`` as Java's ``UtilAll.crc32`` computes it (non-negative int)."""
+    return zlib.crc32(body) & CRC32_MASK
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class BrokerIdentity:
+    """Who registers: the header fields of REGISTER_BROKER and UNREGISTER_BROKER."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    """``ip:listenPort``, the address clients are given."""
+    ha_server_addr: str = ""
+    """``ip:haPort``, where slaves of this broker replicate from."""
+
+    def fields(self, *, with_ha: bool = True) -> dict[str, object]:
+        fields: dict[str, object] = {
+            "brokerAddr": self.broker_addr, "brokerId": self.broker_id,
+            "brokerName": self.broker_name, "clusterName": self.cluster}
+        if with_ha:
+            fields["haServerAddr"] = self.ha_server_addr
+        return fields
+
+    @classmethod
+    def from_request(cls, cmd: RemotingCommand, *, with_ha: bool = True) -> BrokerIdentity:
+        """Parse the header; a missing or malformed field is a HeaderFieldError naming it.
+        UNREGISTER_BROKER has no ``haServerAddr`` (``with_ha=False``)."""
+        return cls(
+            cluster=cmd.get_str("clusterName"),
+            broker_name=cmd.get_str("brokerName"),
+            broker_id=cmd.get_long("brokerId"),
+            broker_addr=cmd.get_str("brokerAddr"),
+            ha_server_addr=cmd.get_str("haServerAddr") if with_ha else "",
+        )
+
+
+@attrs.frozen(slots=True)
+class DataVersion:
+    """Changes whenever the broker's topic table does (Java compares it to skip re-reading an
+    unchanged table); evq's name server keeps it for the record only."""
+
+    timestamp: int = 0
+    counter: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RegisterBrokerBody:
+    topics: tuple[TopicConfig, ...] = ()
+    data_version: DataVersion = DataVersion()
+    filter_servers: tuple[str, ...] = ()
+
+    def encode(self, compressed: bool = False) -> bytes:
+        if compressed:
+            return self._encode_compressed()
+        return fastjson.dumps({
+            "filterServerList": list(self.filter_servers),
+            "topicConfigSerializeWrapper": {
+                "dataVersion": to_json(self.data_version),
+                "topicConfigTable": {t.topic_name: to_json(t) for t in self.topics},
+            },
+        })
+
+    def _encode_compressed(self) -> bytes:
+        parts = [_sized(fastjson.dumps(to_json(self.data_version))), INT32.pack(len(self.topics))]
+        for t in self.topics:
+            line = TOPIC_LINE_SEPARATOR.join(
+                (t.topic_name, str(t.read_queue_nums), str(t.write_queue_nums), str(t.perm),
+                 t.topic_filter_type.value))
+            parts.append(_sized(line.encode()))
+        parts.append(_sized(fastjson.dumps(list(self.filter_servers))))
+        return zlib.compress(b"".join(parts), zlib.Z_BEST_COMPRESSION)
+
+    @classmethod
+    def decode(cls, body: bytes, *, compressed: bool = False,
+               version: int = WRAPPED_BODY_SINCE) -> RegisterBrokerBody:
+        """The body of a REGISTER_BROKER request from a broker of ``version``; an empty body is
+        a broker without topics.  Raises :class:`RegisterBodyError`."""
+        if not body:
+            return cls()
+        if compressed:
+            return cls._decode_compressed(body)
+        doc = _json_object(body, "body")
+        if version < WRAPPED_BODY_SINCE:
+            topics, dv = _wrapper(doc)
+            return cls(topics=topics, data_version=dv)
+        servers = doc.get("filterServerList") or []
+        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+            raise RegisterBodyError("filterServerList is not a list of addresses")
+        wrapper = doc.get("topicConfigSerializeWrapper") or {}
+        if not isinstance(wrapper, dict):
+            raise RegisterBodyError("topicConfigSerializeWrapper is not an object")
+        topics, dv = _wrapper(wrapper)
+        return cls(topics=topics, data_version=dv, filter_servers=tuple(servers))
+
+    @classmethod
+    def _decode_compressed(cls, body: bytes) -> RegisterBrokerBody:
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(body, MAX_INFLATED + 1)
+        except zlib.error as exc:
+            raise RegisterBodyError(f"not a zlib stream: {exc}") from None
+        if len(data) > MAX_INFLATED:
+            raise RegisterBodyError(f"inflates past {MAX_INFLATED} bytes")
+        if not inflater.eof:
+            raise RegisterBodyError("compressed stream is truncated")
+        reader = _Reader(data)
+        dv = _data_version(_json_object(reader.sized("DataVersion"), "DataVersion"))
+        count = reader.int32("topic count")
+        if not 0 <= count <= len(data) // INT32.size:
+            raise RegisterBodyError(f"topic count {count} does not fit the body")
+        topics = tuple(_topic_line(reader.sized("topic config")) for _ in range(count))
+        try:
+            servers = fastjson.loads(reader.sized("filter server list"))
+        except (ValueError, RecursionError) as exc:
+            raise RegisterBodyError(f"filter server list is not JSON: {exc}") from None
+        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+            raise RegisterBodyError("filter server list is not a list of addresses")
+        return cls(topics=topics, data_version=dv, filter_servers=tuple(servers))
+
+
+def _sized(data: bytes) -> bytes:
+    return INT32.pack(len(data)) + data
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def int32(self, what: str) -> int:
+        if self._pos + INT32.size > len(self._data):
+            raise RegisterBodyError(f"compressed body ends before the {what}")
+        (value,) = INT32.unpack_from(self._data, self._pos)
+        self._pos += INT32.size
+        return value
+
+    def sized(self, what: str) -> bytes:
+        length = self.int32(f"length of the {what}")
+        if not 0 <= length <= len(self._data) - self._pos:
+            raise RegisterBodyError(f"length {length} of the {what} runs past the body")
+        chunk = self._data[self._pos:self._pos + length]
+        self._pos += length
+        return chunk
+
+
+def _json_object(data: bytes, what: str) -> dict[str, object]:
+    try:
+        doc = fastjson.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise RegisterBodyError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RegisterBodyError(f"{what} is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _data_version(doc: Mapping[str, object]) -> DataVersion:
+    try:
+        return from_json(DataVersion, doc)
+    except ValueError as exc:
+        raise RegisterBodyError(f"dataVersion: {exc}") from None
+
+
+def _wrapper(doc: Mapping[str, object]) -> tuple[tuple[TopicConfig, ...], DataVersion]:
+    """A ``TopicConfigSerializeWrapper``: the topic table and its version."""
+    table = doc.get("topicConfigTable") or {}
+    dv = doc.get("dataVersion") or {}
+    if not isinstance(table, dict):
+        raise RegisterBodyError("topicConfigTable is not an object")
+    if not isinstance(dv, dict):
+        raise RegisterBodyError("dataVersion is not an object")
+    return tuple(_topic_json(name, conf) for name, conf in table.items()), _data_version(dv)
+
+
+def _topic_json(name: str, conf: object) -> TopicConfig:
+    if not isinstance(conf, dict):
+        raise RegisterBodyError(f"topic config of {name!r:.140} is not an object")
+    try:
+        # The table's key names the topic when the config itself does not.
+        return from_json(TopicConfig, {"topicName": name, **conf})
+    except (BrokerError, ValueError) as exc:
+        raise RegisterBodyError(f"topic config of {name!r:.140}: {_reason(exc)}") from None
+
+
+def _topic_line(data: bytes) -> TopicConfig:
+    try:
+        name, read, write, perm, filter_type = data.decode().split(TOPIC_LINE_SEPARATOR)
+        return TopicConfig(topic_name=name, read_queue_nums=int(read),
+                           write_queue_nums=int(write), perm=int(perm),
+                           topic_filter_type=TopicFilterType(filter_type))
+    except (BrokerError, ValueError) as exc:
+        raise RegisterBodyError(f"topic config {data!r:.160}: {_reason(exc)}") from None
+
+
+def _reason(exc: Exception) -> str:
+    return exc.remark if isinstance(exc, BrokerError) else str(exc)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RegisterResult:
+    """What a name server tells a registering broker."""
+
+    master_addr: str | None = None
+    """The master's address, for a slave whose master is registered there; else None."""
+    master_ha_addr: str | None = None
+    """Where that master takes replication connections."""
+    order_topic_config: Mapping[str, str] | None = None
+    """The ``ORDER_TOPIC_CONFIG`` KV table (topic -> ``"brokerA:4;brokerB:4"``), if any."""
+
+    def fields(self) -> dict[str, object]:
+        return {"haServerAddr": self.master_ha_addr, "masterAddr": self.master_addr}
+
+    def body(self) -> bytes:
+        return b"" if self.order_topic_config is None else kv_table(self.order_topic_config)
+
+    @classmethod
+    def from_response(cls, cmd: RemotingCommand) -> RegisterResult:
+        table = None
+        if cmd.body:
+            try:
+                table = parse_kv_table(cmd.body)
+            except ValueError as exc:
+                raise RegisterBodyError(f"answer body: {exc}") from None
+        return cls(master_addr=cmd.get_str("masterAddr", None, empty_as_absent=True),
+                   master_ha_addr=cmd.get_str("haServerAddr", None, empty_as_absent=True),
+                   order_topic_config=table)
+
+
+def kv_table(table: Mapping[str, str]) -> bytes:
+    """RocketMQ's ``KVTable`` body."""
+    return fastjson.dumps({"table": dict(table)})
+
+
+def parse_kv_table(body: bytes) -> dict[str, str]:
+    """Raises ValueError for anything but ``{"table":{string: string}}``."""
+    try:
+        doc = fastjson.loads(body)
+    except RecursionError as exc:
+        raise ValueError(f"KV table nested too deep: {exc}") from None
+    table = doc.get("table") if isinstance(doc, dict) else None
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise ValueError(f"not a KV table: {body!r:.120}")
+    return table
+
