@@ -18,6 +18,7 @@ from evq.domain import sysflag as sf
 from evq.domain.message import Host, Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.record import MAX_TOPIC_BYTES, PutRecord, put_record
+from evq.domain.topics import TopicConfig, TopicFilterType
 from evq.net.codes import LanguageCode
 from evq.net.protocol import RemotingCommand, SerializeType
 
@@ -52,6 +53,7 @@ __all__ = [
     "sysflags",
     "tags",
     "timestamps",
+    "topic_configs",
     "topics",
     "unicode_topics",
     "wide_ports",
@@ -74,6 +76,18 @@ TOPIC_ALPHABET = "%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 topics = st.text(alphabet=TOPIC_ALPHABET, min_size=1, max_size=MAX_TOPIC_BYTES)
 """Topic names a broker accepts: 1..127 characters of :data:`TOPIC_ALPHABET`."""
+
+topic_configs = st.builds(
+    TopicConfig,
+    topic_name=topics,
+    read_queue_nums=st.integers(0, 1024),
+    write_queue_nums=st.integers(0, 1024),
+    perm=st.integers(0, 15),
+    order=st.booleans(),
+    topic_sys_flag=st.integers(0, 3),
+    topic_filter_type=st.sampled_from(TopicFilterType),
+)
+"""Any valid topic config (queue counts 0..1024, any perm bits)."""
 
 
 def _truncate_utf8(text: str, limit: int = MAX_TOPIC_BYTES) -> str:

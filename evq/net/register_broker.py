@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 
@@ -48,6 +48,7 @@ from evq.net.codes import Version
 from evq.net.protocol import RemotingCommand
 
 INT32 = struct.Struct(">i")
+_J = TypeVar("_J", dict, list)  # type: ignore[type-arg]  # a JSON object or array
 
 CRC32_MASK: Final = 0x7FFFFFFF
 TOPIC_LINE_SEPARATOR: Final = " "
@@ -152,13 +153,10 @@ class RegisterBrokerBody:
         if version < WRAPPED_BODY_SINCE:
             topics, dv = _wrapper(doc)
             return cls(topics=topics, data_version=dv)
-        servers = doc.get("filterServerList") or []
-        if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+        servers = _member(doc, "filterServerList", list)
+        if not all(isinstance(s, str) for s in servers):
             raise RegisterBodyError("filterServerList is not a list of addresses")
-        wrapper = doc.get("topicConfigSerializeWrapper") or {}
-        if not isinstance(wrapper, dict):
-            raise RegisterBodyError("topicConfigSerializeWrapper is not an object")
-        topics, dv = _wrapper(wrapper)
+        topics, dv = _wrapper(_member(doc, "topicConfigSerializeWrapper", dict))
         return cls(topics=topics, data_version=dv, filter_servers=tuple(servers))
 
     @classmethod
@@ -229,15 +227,21 @@ def _data_version(doc: Mapping[str, object]) -> DataVersion:
         raise RegisterBodyError(f"dataVersion: {exc}") from None
 
 
+def _member(doc: Mapping[str, object], key: str, kind: type[_J]) -> _J:
+    """``doc[key]`` as a JSON ``kind``; absent or null is an empty one, as Java reads it."""
+    value = doc.get(key)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise RegisterBodyError(f"{key} is not a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
 def _wrapper(doc: Mapping[str, object]) -> tuple[tuple[TopicConfig, ...], DataVersion]:
     """A ``TopicConfigSerializeWrapper``: the topic table and its version."""
-    table = doc.get("topicConfigTable") or {}
-    dv = doc.get("dataVersion") or {}
-    if not isinstance(table, dict):
-        raise RegisterBodyError("topicConfigTable is not an object")
-    if not isinstance(dv, dict):
-        raise RegisterBodyError("dataVersion is not an object")
-    return tuple(_topic_json(name, conf) for name, conf in table.items()), _data_version(dv)
+    table = _member(doc, "topicConfigTable", dict)
+    dv = _data_version(_member(doc, "dataVersion", dict))
+    return tuple(_topic_json(name, conf) for name, conf in table.items()), dv
 
 
 def _topic_json(name: str, conf: object) -> TopicConfig:

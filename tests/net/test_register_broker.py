@@ -1,0 +1,185 @@
+"""The REGISTER_BROKER body in both forms, the identity header and the answer, sans-IO."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.domain.codes import ResponseCode
+from evq.domain.topics import PERM_RW, TopicConfig, TopicFilterType
+from evq.net.codes import RequestCode, Version
+from evq.net.protocol import HeaderFieldError, RemotingCommand
+from evq.net.register_broker import (
+    MAX_INFLATED,
+    BrokerIdentity,
+    DataVersion,
+    RegisterBodyError,
+    RegisterBrokerBody,
+    RegisterResult,
+    body_crc32,
+)
+from tests.strategies import non_negative_int64s, topic_configs
+
+_tables = st.lists(topic_configs, max_size=8, unique_by=lambda t: t.topic_name).map(
+    lambda ts: sorted(ts, key=lambda t: t.topic_name))  # a table: JSON writes it sorted
+_versions = st.builds(DataVersion, non_negative_int64s, non_negative_int64s)
+_servers = st.lists(st.text(max_size=21), max_size=3).map(tuple)
+
+
+@given(_tables, _versions, _servers)
+def test_json_body_round_trips(topics: list[TopicConfig], dv: DataVersion,
+                               servers: tuple[str, ...]) -> None:
+    body = RegisterBrokerBody(topics=tuple(topics), data_version=dv, filter_servers=servers)
+    assert RegisterBrokerBody.decode(body.encode()) == body
+
+
+@given(_tables, _versions, _servers)
+def test_compressed_body_round_trips_all_but_order_and_sys_flag(
+        topics: list[TopicConfig], dv: DataVersion, servers: tuple[str, ...]) -> None:
+    body = RegisterBrokerBody(topics=tuple(topics), data_version=dv, filter_servers=servers)
+    decoded = RegisterBrokerBody.decode(body.encode(compressed=True), compressed=True)
+    assert decoded == attrs.evolve(body, topics=tuple(
+        attrs.evolve(t, order=False, topic_sys_flag=0) for t in topics))
+
+
+def test_json_body_has_rocketmq_names() -> None:
+    body = RegisterBrokerBody(topics=(TopicConfig(topic_name="T", read_queue_nums=4,
+                                                  write_queue_nums=2, order=True),),
+                              data_version=DataVersion(1700000000000, 3))
+    assert body.encode() == (
+        b'{"filterServerList":[],"topicConfigSerializeWrapper":{"dataVersion":'
+        b'{"counter":3,"timestamp":1700000000000},"topicConfigTable":{"T":{"order":true,'
+        b'"perm":6,"readQueueNums":4,"topicFilterType":"SINGLE_TAG","topicName":"T",'
+        b'"topicSysFlag":0,"writeQueueNums":2}}}}'
+    )
+
+
+def compressed(*parts: bytes, count: int | None = None) -> bytes:
+    """A compressed body built by hand: sized DataVersion, count, sized lines, sized list."""
+    sized = [struct.pack(">i", len(p)) + p for p in parts]
+    topics = len(parts) - 2  # all but the DataVersion and the filter server list
+    head = sized[0] + struct.pack(">i", topics if count is None else count)
+    return zlib.compress(head + b"".join(sized[1:]))
+
+
+def test_compressed_body_as_java_lays_it_out() -> None:
+    data = compressed(b'{"counter":7,"timestamp":5}', b"T 8 4 6 MULTI_TAG",
+                      b"%RETRY%g 1 1 6 SINGLE_TAG", b'["10.0.0.9:9999"]')
+    assert RegisterBrokerBody.decode(data, compressed=True) == RegisterBrokerBody(
+        topics=(TopicConfig(topic_name="T", read_queue_nums=8, write_queue_nums=4,
+                            topic_filter_type=TopicFilterType.MULTI_TAG),
+                TopicConfig(topic_name="%RETRY%g", read_queue_nums=1, write_queue_nums=1)),
+        data_version=DataVersion(5, 7), filter_servers=("10.0.0.9:9999",))
+
+
+def test_java_broker_json_with_unknown_keys_and_bare_integer_keys() -> None:
+    # A 5.x broker adds attributes and static-topic mappings (integer-keyed maps, unquoted).
+    body = (b'{"filterServerList":[],"topicConfigSerializeWrapper":{"dataVersion":'
+            b'{"counter":12,"stateVersion":0,"timestamp":1700000000001},'
+            b'"topicConfigTable":{"TopicTest":{"attributes":{},"order":false,"perm":6,'
+            b'"readQueueNums":"4","topicFilterType":"SINGLE_TAG","topicName":"TopicTest",'
+            b'"topicSysFlag":0,"writeQueueNums":4},"NoName":{"perm":7}},'
+            b'"topicQueueMappingDetailMap":{"TopicTest":{"hostedQueues":{0:[],1:[]}}}}}')
+    decoded = RegisterBrokerBody.decode(body, version=Version.V4_9_7)
+    assert decoded.topics == (
+        TopicConfig(topic_name="TopicTest", read_queue_nums=4, write_queue_nums=4),
+        TopicConfig(topic_name="NoName", perm=7),
+    )
+    assert decoded.data_version == DataVersion(1700000000001, 12)
+
+
+def test_brokers_before_3_0_11_send_the_bare_wrapper() -> None:
+    body = b'{"dataVersion":{"counter":1,"timestamp":2},"topicConfigTable":{"T":{"perm":6}}}'
+    decoded = RegisterBrokerBody.decode(body, version=Version.V3_0_11 - 1)
+    assert decoded.topics == (TopicConfig(topic_name="T", perm=PERM_RW),)
+    assert RegisterBrokerBody.decode(b"") == RegisterBrokerBody()
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"{", "body is not JSON"),
+    (b"[]", "body is a JSON list"),
+    (b'{"topicConfigSerializeWrapper":[]}', "topicConfigSerializeWrapper is not a JSON object"),
+    (b'{"topicConfigSerializeWrapper":{"topicConfigTable":[]}}', "topicConfigTable"),
+    (b'{"topicConfigSerializeWrapper":{"dataVersion":{"counter":"x"}}}', "dataVersion"),
+    (b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"T":6}}}', "'T' is not an object"),
+    (b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"a b":{}}}}', "illegal characters"),
+    (b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"T":{"perm":99}}}}', "perm 99"),
+    (b'{"topicConfigSerializeWrapper":{"topicConfigTable":{"T":{"readQueueNums":[]}}}}',
+     "readQueueNums"),
+    (b'{"filterServerList":{}}', "filterServerList"),
+    (b"[" * 100_000, "not JSON"),
+])
+def test_bad_json_bodies_are_named(body: bytes, reason: str) -> None:
+    with pytest.raises(RegisterBodyError) as info:
+        RegisterBrokerBody.decode(body)
+    assert info.value.code == ResponseCode.SYSTEM_ERROR
+    assert info.value.remark.startswith("Failed to decode RegisterBrokerBody: ")
+    assert reason in info.value.remark
+
+
+_DV = b'{"counter":1,"timestamp":1}'
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"not zlib", "not a zlib stream"),
+    (zlib.compress(b"\0" * 100)[:-6], "truncated"),
+    (zlib.compress(b"\0\0"), "ends before the length of the DataVersion"),
+    (zlib.compress(b"\0\0\0\x09{}"), "runs past the body"),
+    (compressed(_DV, b"[]", count=1 << 30), "topic count"),
+    (compressed(_DV, b"T 1 1 6", b"[]"), "'T 1 1 6'"),
+    (compressed(_DV, b"T 1 1 6 NO_TAG", b"[]"), "NO_TAG"),
+    (compressed(_DV, b"T x 1 6 SINGLE_TAG", b"[]"), "invalid literal"),
+    (compressed(_DV, b"a\xffb 1 1 6 SINGLE_TAG", b"[]"), "utf-8"),
+    (compressed(_DV, b"{"), "filter server list is not JSON"),
+    (compressed(_DV, b"[1]"), "filter server list is not a list"),
+    (compressed(b"[]", b"[]"), "DataVersion is a JSON list"),
+])
+def test_bad_compressed_bodies_are_named(body: bytes, reason: str) -> None:
+    with pytest.raises(RegisterBodyError, match="Failed to decode RegisterBrokerBody") as info:
+        RegisterBrokerBody.decode(body, compressed=True)
+    assert reason in info.value.remark
+
+
+def test_a_zlib_bomb_is_refused_without_inflating_it_all() -> None:
+    bomb = zlib.compress(b"\0" * (MAX_INFLATED + 1024), 9)
+    assert len(bomb) < 100_000
+    with pytest.raises(RegisterBodyError, match="inflates past"):
+        RegisterBrokerBody.decode(bomb, compressed=True)
+
+
+def test_crc_is_javas_masked_crc32() -> None:
+    assert body_crc32(b"123456789") == 0xCBF43926 & 0x7FFFFFFF
+    assert body_crc32(b"") == 0
+
+
+def test_identity_header_round_trip_and_missing_fields() -> None:
+    me = BrokerIdentity(cluster="C", broker_name="b", broker_id=1, broker_addr="h:1",
+                        ha_server_addr="h:2")
+    cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, me.fields())
+    assert BrokerIdentity.from_request(cmd) == me
+    assert cmd.ext_fields["brokerId"] == "1"
+    bare = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, me.fields(with_ha=False))
+    assert BrokerIdentity.from_request(bare, with_ha=False) == attrs.evolve(me, ha_server_addr="")
+    with pytest.raises(HeaderFieldError, match="haServerAddr"):
+        BrokerIdentity.from_request(bare)
+    bad = RemotingCommand.request(RequestCode.REGISTER_BROKER, {**me.fields(), "brokerId": "x"})
+    with pytest.raises(HeaderFieldError, match="brokerId"):
+        BrokerIdentity.from_request(bad)
+
+
+def test_register_result_round_trip() -> None:
+    request = RemotingCommand.request(RequestCode.REGISTER_BROKER)
+    for result in (RegisterResult(),
+                   RegisterResult(master_addr="h:1", master_ha_addr="h:2",
+                                  order_topic_config={"T": "b:4"}),
+                   RegisterResult(order_topic_config={})):
+        answer = request.response(fields=result.fields(), body=result.body())
+        assert RegisterResult.from_response(answer) == result
+    assert request.response(fields=RegisterResult().fields()).ext_fields == {}
+    with pytest.raises(RegisterBodyError, match="not a KV table"):
+        RegisterResult.from_response(request.response(body=b'{"table":{"T":4}}'))
