@@ -106,8 +106,9 @@ class BrokerIdentity:
 
 @attrs.frozen(slots=True)
 class DataVersion:
-    """Changes whenever the broker's topic table does (Java compares it to skip re-reading an
-    unchanged table); evq's name server keeps it for the record only."""
+    """Changes whenever the broker's topic table does.  A Java name server compares it to skip
+    re-reading an unchanged table; evq's applies every table it gets, so it only checks the
+    field decodes."""
 
     timestamp: int = 0
     counter: int = 0
