@@ -21,10 +21,6 @@ LONG_MAX = 2**63 - 1
 # String.trim() removes every char up to and including U+0020 from both ends, nothing else.
 _TRIMMED = "".join(map(chr, range(0x21)))
 
-# Integer.parseInt: optional sign, then Character.digit(c, 10) digits, i.e. Unicode Nd
-# characters of the BMP (a supplementary digit is two UTF-16 chars, neither a digit to Java).
-_INTEGER = re.compile(r"[+-]?(?:(?![\U00010000-\U0010ffff])\d)+")
-
 # FloatingDecimal.readJavaFormatString after trimming: ASCII digits only, optional type suffix.
 _DOUBLE = re.compile(
     r"""[+-]?(?:
@@ -56,7 +52,11 @@ def parse_long(text: str) -> int:
 
 
 def _parse_integer(text: str, low: int, high: int, name: str) -> int:
-    if _INTEGER.fullmatch(text) is None:
+    # Integer.parseInt: optional sign, then Character.digit(c, 10) digits, i.e. Unicode Nd
+    # characters (str.isdecimal) of the BMP: a supplementary digit is two UTF-16 chars to
+    # Java, neither of them a digit.  int() would also take blanks and underscores.
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits.isdecimal() or (not digits.isascii() and max(digits) > "\uffff"):
         raise NumberFormatError(f"{text!r} is not a Java {name}")
     value = int(text)
     if not low <= value <= high:

@@ -71,7 +71,8 @@ Properties: TypeAlias = Mapping[str, str]
 Value: TypeAlias = str | int | float | bool
 Evaluate: TypeAlias = Callable[[Properties], Any]
 """Returns a Value or None; conditions return True, False or None (unknown)."""
-Compare: TypeAlias = Callable[[Any, Any], int]
+Relation: TypeAlias = Callable[[Any, Any], bool]
+"""Decides ``left op right`` for two non-null values."""
 
 PARSE_CACHE_SIZE = 256
 
@@ -98,7 +99,8 @@ _PARSERS: dict[Kind, Callable[[str], Value]] = {
     Kind.LONG: parse_long,
     Kind.DOUBLE: parse_double,
 }
-_ORDER_TESTS: dict[str, Callable[[int, int], bool]] = {
+_TESTS: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
     ">": operator.gt,
     ">=": operator.ge,
     "<": operator.lt,
@@ -250,7 +252,7 @@ def _in(name: str, values: frozenset[str], negated: bool) -> Evaluate:
 
 
 def _equal(left: _Operand, right: _Operand) -> Evaluate:
-    same = _equality_test(left.kind, right.kind)
+    same = _relation(left.kind, "=", right.kind)
     left_value, right_value = left.evaluate, right.evaluate
 
     def equal(properties: Properties) -> bool | None:
@@ -265,8 +267,7 @@ def _equal(left: _Operand, right: _Operand) -> Evaluate:
 
 
 def _ordered(op: str, left: _Operand, right: _Operand) -> Evaluate:
-    compare = _comparator(left.kind, right.kind, ordering=True)
-    test = _ORDER_TESTS[op]
+    holds = _relation(left.kind, op, right.kind)
     left_value, right_value = left.evaluate, right.evaluate
 
     def ordered(properties: Properties) -> bool | None:
@@ -276,7 +277,7 @@ def _ordered(op: str, left: _Operand, right: _Operand) -> Evaluate:
         rv = right_value(properties)
         if rv is None:
             return None
-        return test(compare(lv, rv), 0)
+        return holds(lv, rv)
 
     return ordered
 
@@ -325,71 +326,54 @@ def _negate(inner: _Operand) -> _Operand:
     return _Operand(Kind.NULL, non_number)
 
 
-# --- Java's __compare ---------------------------------------------------------------------------
+# --- Java's __compare -------------------------------------------------------------------------
 
 
-def _compare_values(a: Any, b: Any) -> int:
-    return (a > b) - (a < b)
-
-
-def _compare_widened(a: float, b: float) -> int:
-    return compare_doubles(float(a), float(b))
-
-
-def _less(_a: Any, _b: Any) -> int:
-    return -1
-
-
-def _class_cast(a: Any, b: Any) -> int:
-    raise EvaluationError(f"cannot compare boolean {a} with string {b!r} (Java ClassCastException)")
-
-
-def _strings_as_doubles(a: str, b: str) -> int:
-    return compare_doubles(parse_double(a), parse_double(b))
-
-
-def _left_converted(parse_left: Callable[[str], Any], base: Compare) -> Compare:
-    return lambda a, b: base(parse_left(a), b)
-
-
-def _right_converted(parse_right: Callable[[str], Any], base: Compare) -> Compare:
-    return lambda a, b: base(a, parse_right(b))
-
-
-def _comparator(left: Kind, right: Kind, *, ordering: bool) -> Compare:
-    """Java's comparison of two non-null values of these kinds, after its conversions."""
+def _relation(left: Kind, op: str, right: Kind) -> Relation:
+    """Java's ``__compare`` of two non-null values of these kinds, after its conversions,
+    followed by the operator's test of the answer.  Where both sides end up as ints, strings or
+    booleans (total orders) the test applies to the values directly, saving a call."""
+    test = _TESTS[op]
+    if Kind.NULL in (left, right):
+        return test  # never called: that side's value is always null
     if left is right:
-        if left is Kind.STRING and ordering:
-            return _strings_as_doubles
-        return compare_doubles if left is Kind.DOUBLE else _compare_values
-    if left is Kind.BOOLEAN:
-        return _class_cast if right is Kind.STRING else _less
-    if right is Kind.BOOLEAN:
-        return _left_converted(parse_boolean, _compare_values) if left is Kind.STRING else _less
-    if left is Kind.STRING and right in _NUMBERS:
-        base = compare_doubles if right is Kind.DOUBLE else _compare_values
-        return _left_converted(_PARSERS[right], base)
-    if right is Kind.STRING and left in _NUMBERS:
-        base = compare_doubles if left is Kind.DOUBLE else _compare_values
-        return _right_converted(_PARSERS[left], base)
+        if left is Kind.STRING and op != "=":
+            return _as_doubles(test, parse_double, parse_double)
+        return _as_doubles(test, _same, _same) if left is Kind.DOUBLE else test
+    if Kind.BOOLEAN in (left, right):
+        if left is Kind.BOOLEAN and right is Kind.STRING:
+            return _class_cast
+        if left is Kind.STRING:
+            return lambda a, b: test(parse_boolean(a), b)
+        answer = test(-1, 0)  # a boolean beside a number: Java answers -1, "less"
+        return lambda _a, _b: answer
+    if left is Kind.STRING:
+        parse = _PARSERS[right]
+        if right is Kind.DOUBLE:
+            return _as_doubles(test, parse, _same)
+        return lambda a, b: test(parse(a), b)
+    if right is Kind.STRING:
+        parse = _PARSERS[left]
+        if left is Kind.DOUBLE:
+            return _as_doubles(test, _same, parse)
+        return lambda a, b: test(a, parse(b))
     if Kind.DOUBLE in (left, right):
-        return _compare_widened
-    return _compare_values  # int beside long, or a NULL kind whose value never arrives
+        return _as_doubles(test, float, float)
+    return test  # int beside long
 
 
-_EXACT = {
-    (Kind.STRING, Kind.STRING),
-    (Kind.INT, Kind.INT),
-    (Kind.LONG, Kind.LONG),
-    (Kind.INT, Kind.LONG),
-    (Kind.LONG, Kind.INT),
-    (Kind.BOOLEAN, Kind.BOOLEAN),
-}
+def _as_doubles(
+    test: Callable[[Any, Any], bool],
+    convert_left: Callable[[Any], float],
+    convert_right: Callable[[Any], float],
+) -> Relation:
+    """Double's order is not Python's (NaN, -0.0), so doubles go through ``Double.compare``."""
+    return lambda a, b: test(compare_doubles(convert_left(a), convert_right(b)), 0)
 
 
-def _equality_test(left: Kind, right: Kind) -> Callable[[Any, Any], bool]:
-    """``=`` is Java ``equals`` or ``compare == 0``; for exact types that is Python ``==``."""
-    if (left, right) in _EXACT:
-        return operator.eq
-    compare = _comparator(left, right, ordering=False)
-    return lambda a, b: compare(a, b) == 0
+def _same(value: float) -> float:
+    return value
+
+
+def _class_cast(a: Any, b: Any) -> bool:
+    raise EvaluationError(f"cannot compare boolean {a} with string {b!r} (ClassCastException)")

@@ -28,6 +28,7 @@ from evq.domain.javalang import (
 from evq.domain.selector import (
     PARSE_CACHE_SIZE,
     EvaluationError,
+    SqlFilter,
     _compile_cached,
     compile_sql,
     compile_tree,
@@ -443,17 +444,11 @@ def test_rendered_trees_survive_any_keyword_case(tree: sql.Expr, data: st.DataOb
 def test_compiled_evaluation_matches_the_reference(
     tree: sql.Expr, property_maps: list[dict[str, str]]
 ) -> None:
-    evaluate = compile_tree(tree)
+    selector = SqlFilter(render(tree), tree, compile_tree(tree))
     for properties in property_maps:
         expected = reference_outcome(tree, properties)
-        assert outcome(lambda p=properties: _evaluate_compiled(evaluate, p)) == expected
-
-
-def _evaluate_compiled(evaluate: Callable[[Mapping[str, str]], Any], p: Mapping[str, str]) -> Any:
-    try:
-        return evaluate(p)
-    except NumberFormatError as exc:
-        raise EvaluationError(str(exc)) from None
+        assert outcome(lambda p=properties: selector.evaluate(p)) == expected
+        assert selector.matches(properties) is (expected is True)
 
 
 # --- garbage ----------------------------------------------------------------------------------
