@@ -17,6 +17,7 @@ INT_MIN = -(2**31)
 INT_MAX = 2**31 - 1
 LONG_MIN = -(2**63)
 LONG_MAX = 2**63 - 1
+_LONG_DIGITS = len(str(LONG_MAX))
 
 # String.trim() removes every char up to and including U+0020 from both ends, nothing else.
 _TRIMMED = "".join(map(chr, range(0x21)))
@@ -25,8 +26,8 @@ _TRIMMED = "".join(map(chr, range(0x21)))
 _DOUBLE = re.compile(
     r"""[+-]?(?:
           NaN | Infinity
-        | (?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?
-        | 0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+[fFdD]?
+        | (?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?
+        | 0[xX](?:[0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+[fFdD]?
     )""",
     re.VERBOSE,
 )
@@ -55,12 +56,16 @@ def _parse_integer(text: str, low: int, high: int, name: str) -> int:
     # Integer.parseInt: optional sign, then Character.digit(c, 10) digits, i.e. Unicode Nd
     # characters (str.isdecimal) of the BMP: a supplementary digit is two UTF-16 chars to
     # Java, neither of them a digit.  int() would also take blanks and underscores.
-    digits = text[1:] if text[:1] in ("+", "-") else text
+    sign = text[:1] if text[:1] in ("+", "-") else ""
+    digits = text[len(sign) :]
     if not digits.isdecimal() or (not digits.isascii() and max(digits) > "\uffff"):
-        raise NumberFormatError(f"{text!r} is not a Java {name}")
-    value = int(text)
+        raise NumberFormatError(f"{text[:40]!r} is not a Java {name}")
+    if len(digits) > _LONG_DIGITS:
+        # Java reads any number of leading zeros; int() refuses over 4300 digits at all.
+        digits = "".join(str(int(c)) for c in digits).lstrip("0") or "0"
+    value = int(sign + digits) if len(digits) <= _LONG_DIGITS else high + 1
     if not low <= value <= high:
-        raise NumberFormatError(f"{text!r} is out of range for a Java {name}")
+        raise NumberFormatError(f"{text[:40]!r} is out of range for a Java {name}")
     return value
 
 
@@ -68,7 +73,7 @@ def parse_double(text: str) -> float:
     """``Double.valueOf(text)``, overflow to infinity included."""
     body = java_trim(text)
     if _DOUBLE.fullmatch(body) is None:
-        raise NumberFormatError(f"{text!r} is not a Java double")
+        raise NumberFormatError(f"{text[:40]!r} is not a Java double")
     if body[-1] in "fFdD":
         body = body[:-1]
     if "x" not in body and "X" not in body:

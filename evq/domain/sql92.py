@@ -53,6 +53,7 @@ from evq.domain.javalang import LONG_MAX, compare_doubles
 
 MAX_EXPRESSION_LENGTH = 65536
 MAX_DEPTH = 64
+_LONG_DIGITS = len(str(LONG_MAX))  # longer literals cannot fit (and int() refuses > 4300)
 
 KEYWORDS = frozenset({"NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS"})
 ORDERING_OPERATORS = (">", ">=", "<", "<=")
@@ -262,21 +263,16 @@ def quote(value: str) -> str:
 
 _TOKEN = re.compile(
     r"""
-      (?P<skip> [ \t\n\r\f]+
-              | --[^\n\r]*(?:\r\n|\n|\r)
-              | /\*[^*]*\*+(?:[^*/][^*]*\*+)*/ )
-    | (?P<decimal> [0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?
-                 | \.[0-9]+(?:[eE][+-]?[0-9]+)?
-                 | [0-9]+[eE][+-]?[0-9]+ )
-    | (?P<integer> 0 | [1-9][0-9]*[lL]? )
+      (?P<skip> [ \t\n\r\f]+ | /\*[^*]*\*+(?:[^*/][^*]*\*+)*/ )
+    | (?P<number> [0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)? | \.[0-9]+(?:[eE][+-]?[0-9]+)? )
     | (?P<string> '(?:''|[^'])*' )
     | (?P<word> [A-Za-z_$][A-Za-z0-9_$]* )
     | (?P<op> <> | <= | >= | [=<>(),+-] )
     """,
     re.VERBOSE,
 )
-# A decimal is tried before an integer: JavaCC takes the longest token, and a decimal match
-# always extends the integer match at the same place ("1.5" over "1", "05.5" over "0").
+_LINE_END = re.compile(r"\r\n|\n|\r")
+_INTEGER_SUFFIX = "lL"
 
 
 @attrs.frozen(slots=True)
@@ -290,23 +286,55 @@ class Token:
 
 
 def tokenize(text: str) -> list[Token]:
+    """The tokens of ``text``, each the longest match at its place as JavaCC picks them.
+
+    Every step consumes what it scanned, so hostile input costs linear time: a ``--``
+    comment is only tried where a line end follows, and a number is scanned once as the
+    longest run of number characters and then classified.
+    """
     tokens: list[Token] = []
     pos, end = 0, len(text)
+    last_line_end = max(text.rfind("\n"), text.rfind("\r"))
     while pos < end:
+        if pos < last_line_end and text.startswith("--", pos):
+            line_end = _LINE_END.search(text, pos)
+            assert line_end is not None  # one exists after pos
+            pos = line_end.end()
+            continue
         match = _TOKEN.match(text, pos)
         if match is None:
             raise FilterError(_lexical_problem(text, pos), pos)
         kind, lexeme = match.lastgroup, match.group()
+        if kind == "number":
+            token = _number(text, lexeme, pos)
+            tokens.append(token)
+            pos += len(token.text)
+            continue
         if kind == "word":
             upper = lexeme.upper()
             tokens.append(Token(upper if upper in KEYWORDS else "identifier", lexeme, pos))
         elif kind == "op":
             tokens.append(Token(lexeme, lexeme, pos))
-        elif kind != "skip":
-            tokens.append(Token(str(kind), lexeme, pos))
+        elif kind == "string":
+            tokens.append(Token(kind, lexeme, pos))
         pos = match.end()
     tokens.append(Token("end", "", end))
     return tokens
+
+
+def _number(text: str, lexeme: str, pos: int) -> Token:
+    """A run of number characters: a decimal if it has a point or an exponent, else an
+    integer, which (JavaCC's ``"0" | [1-9][0-9]* [lL]?``) never has a leading zero and may
+    carry a long suffix."""
+    if not lexeme.isdigit():
+        return Token("decimal", lexeme, pos)
+    if len(lexeme) > 1 and lexeme.startswith("0"):
+        # JavaCC would split "007" into three integers; no grammar rule takes two in a row.
+        raise FilterError(f"integer literal {_shortened(lexeme)} has a leading zero", pos)
+    after = pos + len(lexeme)
+    if text[after : after + 1] and text[after] in _INTEGER_SUFFIX and lexeme != "0":
+        lexeme += text[after]
+    return Token("integer", lexeme, pos)
 
 
 def _lexical_problem(text: str, pos: int) -> str:
@@ -405,7 +433,7 @@ class _Parser:
         try:
             while True:
                 token = self._peek()
-                negated = token.kind == "NOT" and self._peek(1).kind in ("BETWEEN", "IN")
+                negated = token.kind == "NOT" and self._after().kind in ("BETWEEN", "IN")
                 if negated:
                     self._advance()
                     token = self._peek()
@@ -496,8 +524,12 @@ class _Parser:
 
     # -- token plumbing
 
-    def _peek(self, ahead: int = 0) -> Token:
-        return self._tokens[min(self._i + ahead, len(self._tokens) - 1)]
+    def _peek(self) -> Token:
+        return self._tokens[self._i]
+
+    def _after(self) -> Token:
+        """The token after a current one that is not the end (the end token is last)."""
+        return self._tokens[self._i + 1]
 
     def _advance(self) -> Token:
         token = self._peek()
@@ -543,11 +575,11 @@ def _shortened(text: str, limit: int = 40) -> str:
 
 
 def _integer(token: Token) -> IntegerLiteral:
-    value = int(token.text.rstrip("lL"))
-    if value > LONG_MAX:
+    digits = token.text.rstrip(_INTEGER_SUFFIX)
+    if len(digits) > _LONG_DIGITS or int(digits) > LONG_MAX:
         raise FilterError(f"integer literal {token.text} does not fit a Java long",
                           token.position)
-    return IntegerLiteral(value)
+    return IntegerLiteral(int(digits))
 
 
 def _decimal(token: Token) -> DecimalLiteral:

@@ -60,6 +60,18 @@ def test_parse_long_range() -> None:
             parse_long(text)
 
 
+def test_integers_beyond_pythons_digit_limit() -> None:
+    # int() refuses strings over 4300 digits with a plain ValueError; Java reads leading
+    # zeros to any length and calls everything else out of range.
+    assert parse_int("0" * 5000 + "42") == 42
+    assert parse_long("-" + "0" * 5000 + "9223372036854775808") == LONG_MIN
+    assert parse_int("\u0660" * 5000 + "7") == 7  # Arabic-Indic zeros count as zeros too
+    for text in ("1" * 5000, "-" + "9" * 5000, "1" + "0" * 19):
+        with pytest.raises(NumberFormatError, match="out of range"):
+            parse_long(text)
+    assert parse_double("1" * 5000) == math.inf
+
+
 @given(st.integers(LONG_MIN, LONG_MAX))
 def test_parse_long_reads_every_long(value: int) -> None:
     assert parse_long(str(value)) == value

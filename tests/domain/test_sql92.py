@@ -224,6 +224,13 @@ def test_compiled_agrees_with_reference_on_examples(
     assert reference_outcome(parse(expression), properties) == expected
 
 
+def test_huge_numeric_property_values() -> None:
+    nines = "9" * 10000
+    assert evaluated("a > 5", {"a": nines}) == ERROR
+    assert evaluated("a > 5.0", {"a": nines}) is True  # Double.valueOf gives Infinity
+    assert evaluated("a = 5", {"a": "0" * 10000 + "5"}) is True  # Java skips leading zeros
+
+
 def test_evaluation_error_names_the_value() -> None:
     with pytest.raises(EvaluationError, match="'abc'"):
         compile_sql("a > 5").evaluate({"a": "abc"})
@@ -284,6 +291,8 @@ BAD: list[tuple[str, int | None, str]] = [
     ("a.b = 1", 1, "unexpected character '.'"),
     ("a = 0x10", 5, "unexpected 'x10' after the expression"),
     ("a = 0L", 5, "unexpected 'L' after the expression"),
+    ("a = 007", 4, "integer literal 007 has a leading zero"),  # JavaCC: three integers
+    ("a = 1" + "9" * 5000, 4, "does not fit a Java long"),
     ("a LIKE 'x%'", 2, "unexpected 'LIKE' after the expression"),
     ("a CONTAINS 'x'", 2, "unexpected 'CONTAINS' after the expression"),  # RocketMQ 5 only
     ("a = 1 AND", 9, "unexpected end of expression"),
@@ -325,6 +334,29 @@ def test_hostile_nesting_never_exhausts_the_stack() -> None:
     for text in ("(" * depth, "NOT " * depth + "a", "-" * depth, "a" + " = a" * depth):
         with pytest.raises(FilterError):
             parse(text[:MAX_EXPRESSION_LENGTH])
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "-" * MAX_EXPRESSION_LENGTH,  # no line end: never a comment, each "-" is one token
+        "a>--1 OR " * 7000 + "b",
+        "0" * MAX_EXPRESSION_LENGTH,
+        "/*" + "*a" * 30000,
+        "'" + "''" * 30000,
+        "a = 1" + "\n--x" * 16000,
+        "a = " + "1" * 60000,
+        "a = 1" + "e" * 60000,
+    ],
+    ids=lambda text: repr(text[:12]),
+)
+def test_hostile_inputs_are_answered_in_one_pass(hostile: str) -> None:
+    """Each of these cost quadratic time (a minute for the first) before the tokenizer
+    consumed everything it scanned; now they are parsed or refused with a FilterError."""
+    try:
+        parse(hostile)
+    except FilterError as exc:
+        assert exc.position is not None
 
 
 def test_length_limit() -> None:
