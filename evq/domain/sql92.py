@@ -35,9 +35,10 @@ position of the offending token: only numbers, properties and negations may stan
 be equated with another; IN needs a property; AND, OR, NOT and the whole selector need a
 condition or a property; constant BETWEEN bounds must be in order; integer literals must fit a
 Java long and decimal literals must be finite and non-zero.  One departure: RocketMQ silently
-ignores anything after the first complete expression (``a = 1 b = 2`` selects ``a = 1``); evq
-rejects it.  Nesting is capped at :data:`MAX_DEPTH` and length at :data:`MAX_EXPRESSION_LENGTH`
-so a hostile selector cannot exhaust the stack of a broker thread.
+ignores anything after the first complete expression (``a = 1 b = 2`` selects ``a = 1``, and
+``a = 007`` is ``a = 0``); evq rejects it.  Nesting is capped at :data:`MAX_DEPTH` and
+length at :data:`MAX_EXPRESSION_LENGTH`, and tokenizing is one pass, so a hostile selector can
+neither exhaust the stack of a broker thread nor hold it for long.
 """
 
 from __future__ import annotations
@@ -331,9 +332,9 @@ def _number(text: str, lexeme: str, pos: int) -> Token:
     if len(lexeme) > 1 and lexeme.startswith("0"):
         # JavaCC would split "007" into three integers; no grammar rule takes two in a row.
         raise FilterError(f"integer literal {_shortened(lexeme)} has a leading zero", pos)
-    after = pos + len(lexeme)
-    if text[after : after + 1] and text[after] in _INTEGER_SUFFIX and lexeme != "0":
-        lexeme += text[after]
+    suffix = text[pos + len(lexeme) : pos + len(lexeme) + 1]
+    if suffix and suffix in _INTEGER_SUFFIX and lexeme != "0":
+        lexeme += suffix
     return Token("integer", lexeme, pos)
 
 
