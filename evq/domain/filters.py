@@ -13,7 +13,8 @@ Filtering runs in two stages, as in RocketMQ:
 Tag expressions are parsed as RocketMQ's ``FilterAPI.buildSubscriptionData`` does: null,
 empty or exactly ``*`` subscribes to everything; anything else is split on ``||``, each part
 trimmed as Java's ``String.trim`` trims, empty parts dropped.  So ``" * "`` subscribes to the
-literal tag ``*``, and an expression of only separators and blanks matches nothing.  A TAGS
+literal tag ``*``, an expression of separators and blanks matches nothing, and one of
+separators alone (``||||``) is an error, as Java's split leaves nothing to build from.  A TAGS
 value is compared whole: ``a||b`` on a message is one tag, as its tags code is one hash.
 """
 
@@ -118,7 +119,8 @@ def parse_subscription(
     version: int = 0,
 ) -> Subscription:
     """A subscription as RocketMQ builds it from a pull or heartbeat; :class:`FilterError`
-    for an unknown type or an empty or malformed SQL92 selector (SQL92 parses are cached)."""
+    for an unknown type, a tag expression of bare separators, or an empty or malformed SQL92
+    selector (SQL92 parses are cached)."""
     kind = ExpressionType.parse(expression_type)
     if kind is ExpressionType.SQL92:
         if not expression:
@@ -126,8 +128,10 @@ def parse_subscription(
         return Subscription(topic, expression, kind, version, sql=compile_sql(expression))
     if not expression or expression == SUB_ALL:
         return Subscription(topic, SUB_ALL, kind, version)
-    tags = frozenset(
-        tag for part in expression.split(TAG_SEPARATOR) if (tag := java_trim(part))
-    )
+    parts = expression.split(TAG_SEPARATOR)
+    if not any(parts):
+        # Java's split drops trailing empty strings, leaving none; FilterAPI then throws.
+        raise FilterError(f"tag expression {expression!r} has nothing between its separators")
+    tags = frozenset(tag for part in parts if (tag := java_trim(part)))
     codes = frozenset(tags_code(tag) for tag in tags)
     return Subscription(topic, expression, kind, version, tags, codes)

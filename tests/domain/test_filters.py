@@ -80,8 +80,8 @@ def test_tag_list() -> None:
     [
         (" * ", {"*"}),  # only exactly "*" means everything
         ("*||a", {"*", "a"}),
-        ("||", set()),
         (" || \t|| ", set()),
+        ("|||", {"|"}),
         ("a||||b", {"a", "b"}),
         ("a|||b", {"a", "|b"}),  # split is left to right, as Java's
         ("a|b", {"a|b"}),
@@ -96,6 +96,13 @@ def test_tag_expression_parsing_follows_java(expression: str, expected: set[str]
     assert sub.tags == expected
     assert sub.codes == {tags_code(tag) for tag in expected}
     assert not sub.matches_all
+
+
+@pytest.mark.parametrize("separators", ["||", "||||", "||" * 10])
+def test_a_tag_expression_of_bare_separators_is_an_error(separators: str) -> None:
+    # "||".split("\\|\\|") is an empty array in Java, and FilterAPI throws on it.
+    with pytest.raises(FilterError, match="nothing between its separators"):
+        parse_subscription("T", separators)
 
 
 def test_a_subscription_of_only_separators_matches_nothing() -> None:
