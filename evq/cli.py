@@ -21,12 +21,16 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from evq import logs
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.domain.log import FlushMode
+
+if TYPE_CHECKING:
+    from evq.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -194,6 +198,73 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq broker ------------------------------------------------------------------------------
+
+
+def _add_broker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "broker", help="run a broker",
+        description="Run a broker speaking the RocketMQ 4.x remoting protocol. Settings come "
+                    "from --config (TOML, or a RocketMQ broker.conf), EVQ_* environment "
+                    "variables and these flags, later ones winning.")
+    _broker_flags(p)
+    p.set_defaults(handler=_cmd_broker)
+
+
+def _broker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="TOML file or RocketMQ broker.conf (brokerName=..., listenPort=...)")
+    p.add_argument("--backend", dest="backend", default=None,
+                   help=f"store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--data", dest="store_path_root_dir", default=None, metavar="DIR",
+                   help="data directory (default: ./evq-data)")
+    p.add_argument("--host", default=None, help="address to bind and to advertise "
+                                                "(default: 127.0.0.1)")
+    p.add_argument("--port", dest="listen_port", type=_non_negative_int, default=None,
+                   help="listen port (default: 10911; 0 picks a free one)")
+    p.add_argument("--namesrv", dest="namesrv_addr", default=None, metavar="H:P;H:P",
+                   help="name servers to register with")
+    p.add_argument("--cluster", dest="broker_cluster_name", default=None)
+    p.add_argument("--broker-name", dest="broker_name", default=None)
+    p.add_argument("--broker-id", dest="broker_id", type=_non_negative_int, default=None)
+    p.add_argument("--role", dest="broker_role", default=None,
+                   choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
+    p.add_argument("--flush", dest="flush", default=None, choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+
+
+_BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
+                 "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush")
+
+
+def _broker_settings(args: argparse.Namespace) -> Settings:
+    from evq.settings import SettingsError, load
+
+    try:
+        return load(config_file=args.config,
+                    flags={name: getattr(args, name) for name in _BROKER_FLAGS})
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from evq.net.broker import BrokerServer
+    from evq.net.transport import run_until_signal
+
+    settings = _broker_settings(args)
+
+    async def serve(stop: asyncio.Event) -> int:
+        server = BrokerServer(settings)
+        await server.start()
+        print(f"{PROG} broker listening on {server.address} "
+              f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir})",
+              flush=True)
+        await stop.wait()
+        await server.shutdown()
+        return 0
+
+    return run_until_signal(serve)
+
+
 # --- the parser and the entry point ---------------------------------------------------------
 
 
@@ -212,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_namesrv(commands)
     _add_bench(commands)
+    _add_broker(commands)
     return parser
 
 

@@ -14,7 +14,10 @@ import zlib
 
 from hypothesis import strategies as st
 
+from evq.domain import sql92 as sql
 from evq.domain import sysflag as sf
+from evq.domain.filters import TAG_SEPARATOR
+from evq.domain.javalang import java_trim
 from evq.domain.message import Host, Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.record import MAX_TOPIC_BYTES, PutRecord, put_record
@@ -26,6 +29,7 @@ __all__ = [
     "INT32_MAX",
     "INT32_MIN",
     "INT64_MAX",
+    "SQL_PROPERTY_NAMES",
     "TOPIC_ALPHABET",
     "bodies",
     "client_id_lists",
@@ -50,7 +54,15 @@ __all__ = [
     "queue_lists",
     "remoting_commands",
     "rooms",
+    "sql_conditions",
+    "sql_properties",
+    "sql_property_names",
+    "sql_property_values",
+    "sql_values",
+    "subscription_tag_sets",
+    "subscription_tags",
     "sysflags",
+    "tag_expressions",
     "tags",
     "timestamps",
     "topic_configs",
@@ -328,3 +340,123 @@ def remoting_commands(
         )
 
     return build()
+# --- subscriptions and SQL92 selectors -------------------------------------------------------
+
+_TAG_BLANKS = st.text(st.sampled_from(" \t\x00\x1f"), max_size=3)
+"""Characters Java's ``String.trim`` removes around a subscribed tag."""
+
+subscription_tags = tags.filter(
+    lambda t: t == java_trim(t) and t != "*" and TAG_SEPARATOR not in t
+    and not t.startswith("|") and not t.endswith("|")
+)
+"""One tag of a tag expression: nothing ``trim`` would strip, no ``||`` and no ``|`` at an end
+(which would merge with a separator), and not the match-all ``*``."""
+
+subscription_tag_sets = st.frozensets(subscription_tags, min_size=1, max_size=5)
+
+
+@st.composite
+def tag_expressions(draw: st.DrawFn, tag_set: frozenset[str]) -> str:
+    """``tag_set`` written as a tag expression: any order, blanks around each tag, and now and
+    then an empty part (``a |||| b``)."""
+    parts: list[str] = []
+    for tag in draw(st.permutations(sorted(tag_set))):
+        parts.extend("" for _ in range(draw(st.integers(0, 1))))
+        parts.append(draw(_TAG_BLANKS) + tag + draw(_TAG_BLANKS))
+    return TAG_SEPARATOR.join(parts)
+
+
+SQL_PROPERTY_NAMES = ("a", "b", "Region", "TAGS", "_n1", "$v")
+"""A small pool, so that drawn selectors and drawn property maps name the same properties."""
+
+sql_property_names = st.sampled_from(SQL_PROPERTY_NAMES)
+
+sql_property_values = st.one_of(
+    st.integers(-(2**70), 2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from([
+        "0", "-0", "+7", "2147483648", "-2147483649", "1.5", "-0.0", " 2.5 ", "1e3", "1.5f",
+        "0x1p3", "NaN", "Infinity", "-Infinity", "nan", "1_000", "\u0663", "true", "TRUE",
+        "false", "yes", "", "abc", "'",
+    ]),
+    st.text(max_size=6),
+)
+"""Property values that exercise Java's conversions: ints, longs, beyond long, doubles in
+Java's and Python's spellings, booleans, and plain text."""
+
+sql_properties = st.dictionaries(sql_property_names, sql_property_values, max_size=6)
+
+_sql_integers = st.one_of(
+    st.integers(0, 20), st.integers(0, INT64_MAX), st.sampled_from([INT32_MAX, INT32_MAX + 1])
+).map(sql.IntegerLiteral)
+_sql_decimals = st.one_of(
+    st.sampled_from([0.5, 1.5, 2.0, 1e-300, 5e-324, 1.7976931348623157e308]),
+    st.floats(min_value=5e-324, allow_nan=False, allow_infinity=False),
+).map(sql.DecimalLiteral)
+_sql_numbers = _sql_integers | _sql_decimals
+_sql_strings = st.one_of(sql_property_values, st.text(max_size=8)).map(sql.StringLiteral)
+_sql_properties = sql_property_names.map(sql.Property)
+_sql_booleans = st.sampled_from([True, False, None]).map(sql.BooleanLiteral)
+_sql_leaves = _sql_properties | _sql_numbers | _sql_strings | _sql_booleans
+
+
+def _ordered_operands() -> st.SearchStrategy[sql.Expr]:
+    """What RocketMQ lets stand beside < > <= >= and BETWEEN."""
+    return _sql_properties | _sql_numbers | st.builds(sql.Negate, sql_values)
+
+
+def _equality_operands() -> st.SearchStrategy[sql.Expr]:
+    return sql_values.filter(lambda node: node != sql.BooleanLiteral(None))
+
+
+def _equality_allowed(left: sql.Expr, right: sql.Expr) -> bool:
+    """RocketMQ refuses a TRUE/FALSE constant equated with a non-boolean constant."""
+    return not (
+        isinstance(left, sql.BooleanLiteral)
+        and isinstance(right, sql.CONSTANTS)
+        and not isinstance(right, sql.BooleanLiteral)
+    )
+
+
+def _bounds_in_order(node: sql.Between) -> bool:
+    low, high = node.low, node.high
+    if node.negated or not (isinstance(low, sql.NUMBERS) and isinstance(high, sql.NUMBERS)):
+        return True
+    if isinstance(low.value, float) or isinstance(high.value, float):
+        return float(low.value) <= float(high.value)
+    return low.value <= high.value
+
+
+sql_conditions: st.SearchStrategy[sql.Expr] = st.deferred(
+    lambda: st.one_of(
+        _sql_properties,
+        _sql_booleans,
+        st.builds(sql.Not, sql_conditions),
+        st.builds(
+            sql.Comparison, st.sampled_from(sql.ORDERING_OPERATORS),
+            _ordered_operands(), _ordered_operands(),
+        ),
+        st.builds(
+            sql.Comparison, st.sampled_from(sql.EQUALITY_OPERATORS),
+            _equality_operands(), _equality_operands(),
+        ).filter(lambda node: _equality_allowed(node.left, node.right)),
+        st.builds(sql.IsNull, sql_values, st.booleans()),
+        st.builds(
+            sql.Between, _ordered_operands(), _ordered_operands(), _ordered_operands(),
+            st.booleans(),
+        ).filter(_bounds_in_order),
+        st.builds(
+            sql.In, _sql_properties,
+            st.lists(sql_property_values, min_size=1, max_size=4).map(tuple), st.booleans(),
+        ),
+        st.lists(sql_conditions, min_size=2, max_size=4).map(lambda ops: sql.And.of(*ops)),
+        st.lists(sql_conditions, min_size=2, max_size=4).map(lambda ops: sql.Or.of(*ops)),
+    )
+)
+"""Well-formed selector trees: every node passes RocketMQ's construction checks, so rendered
+to text each one parses back to itself.  A bare property counts (RocketMQ casts it)."""
+
+sql_values: st.SearchStrategy[sql.Expr] = st.deferred(
+    lambda: _sql_leaves | st.builds(sql.Negate, sql_values) | sql_conditions
+)
+"""Any well-formed expression, condition or not (the operands of ``=`` and ``IS NULL``)."""

@@ -1,40 +1,85 @@
-"""JSON bodies as RocketMQ's Java side writes and reads them (fastjson).
+"""fastjson's output shape for the admin bodies Java tools parse (§2.4 of the wire notes).
 
-Java brokers, name servers and admin tools serialize bodies with fastjson: keys in alphabetical
-order, compact, and the keys of maps with integer keys written *without* quotes
-(``{"brokerAddrs":{0:"10.0.0.1:10911"}}``, §2.4).  Python's :mod:`json` refuses the latter, so
-:func:`loads` quotes bare integer keys first; :func:`dumps` writes standard JSON in fastjson's
-order, which the Java side and both stock clients read (§2.3.1).
+Maps keyed by a MessageQueue are written with the key object inline, and integer keys bare:
+``{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T"}:5}}``.  That is not JSON, but it
+is what ``mqadmin`` reads; evq's own client reads it back with :func:`loads`, and the name
+server reads Java brokers' registrations with it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
-# A string literal (skipped as it is, so text inside strings is never touched), or an integer
-# that follows "{" or "," and precedes ":", i.e. an object key.
-_STRING_OR_BARE_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|([{,]\s*)(-?[0-9]+)(?=\s*:)')
+from evq.domain.queues import MessageQueue
 
 
-def _quote_key(match: re.Match[str]) -> str:
-    if match.group(2) is None:
-        return match.group(0)
-    return f'{match.group(1)}"{match.group(2)}"'
+def queue_json(q: MessageQueue) -> dict[str, object]:
+    return {"brokerName": q.broker_name, "queueId": q.queue_id, "topic": q.topic}
 
 
-def loads(data: bytes | str) -> Any:
-    """Parse fastjson output; bare integer keys come back as strings, like quoted ones.
+def dumps(value: Any) -> str:
+    if isinstance(value, Mapping):
+        items = sorted(value.items(), key=lambda kv: _sort_key(kv[0]))
+        return "{" + ",".join(f"{_key(k)}:{dumps(v)}" for k, v in items) + "}"
+    if isinstance(value, MessageQueue):
+        return dumps(queue_json(value))
+    if isinstance(value, list | tuple | set | frozenset):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
-    Raises :class:`ValueError` (``json.JSONDecodeError`` or ``UnicodeDecodeError``) for text
-    that is not JSON even with quoted keys.
-    """
-    text = data.decode("utf-8") if isinstance(data, bytes) else data
-    return json.loads(_STRING_OR_BARE_KEY.sub(_quote_key, text))
+
+def _sort_key(k: object) -> tuple[int, object]:
+    if isinstance(k, MessageQueue):
+        return (1, (k.broker_name, k.queue_id, k.topic))
+    return (0, str(k)) if isinstance(k, str) else (0, f"{k:020d}" if isinstance(k, int) else k)
 
 
-def dumps(obj: object) -> bytes:
-    """Compact JSON with keys sorted, as fastjson orders them; ASCII-escaped, so any reader's
-    charset assumptions hold."""
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode("ascii")
+def _key(k: object) -> str:
+    if isinstance(k, MessageQueue):
+        return dumps(queue_json(k))
+    if isinstance(k, int):
+        return str(k)
+    return json.dumps(str(k), ensure_ascii=False)
+
+
+# A string literal (passed over, so text inside strings is never rewritten), or a key that JSON
+# cannot spell: an inline object or a bare integer after "{" or "," and before ":".
+_STRING_OR_KEY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|([{,])\s*(\{[^{}]*\}|-?\d+)\s*:')
+
+
+def loads(text: str) -> Any:
+    """Read fastjson output: inline-object keys become ``MessageQueue`` keys, bare integer
+    keys ints.  Raises ValueError for text that is none of that."""
+    marked: dict[str, MessageQueue] = {}
+
+    def key(m: re.Match[str]) -> str:
+        sep, k = m.group(1), m.group(2)
+        if sep is None:
+            return m.group(0)
+        if k[0] != "{":
+            return f'{sep}"\ue001{k}":'
+        d = json.loads(k)
+        token = f"\ue000mq{len(marked)}"
+        try:
+            marked[token] = MessageQueue(d["topic"], d["brokerName"], int(d["queueId"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"inline key {k!r:.80} is not a MessageQueue: {exc!r}") from None
+        return f'{sep}"{token}":'
+
+    text = _STRING_OR_KEY.sub(key, text)
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for k, v in pairs:
+            if k in marked:
+                out[marked[k]] = v
+            elif k.startswith("\ue001"):
+                out[int(k[1:])] = v
+            else:
+                out[k] = v
+        return out
+
+    return json.loads(text, object_pairs_hook=hook)

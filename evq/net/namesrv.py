@@ -163,18 +163,18 @@ class NameServer:
         route = self.routes.route(topic)
         if route is None:
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, no_route_remark(topic))
-        return cmd.response(body=fastjson.dumps(route))
+        return cmd.response(body=fastjson.dumps(route).encode())
 
     async def _get_cluster_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(body=fastjson.dumps(self.routes.cluster_info()))
+        return cmd.response(body=fastjson.dumps(self.routes.cluster_info()).encode())
 
     async def _get_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(body=fastjson.dumps({"topicList": self.routes.topic_list()}))
+        return cmd.response(body=fastjson.dumps({"topicList": self.routes.topic_list()}).encode())
 
     async def _get_topics_by_cluster(self, conn: Connection,
                                      cmd: RemotingCommand) -> RemotingCommand:
         topics = self.routes.topics_by_cluster(cmd.get_str("cluster"))
-        return cmd.response(body=fastjson.dumps({"topicList": topics}))
+        return cmd.response(body=fastjson.dumps({"topicList": topics}).encode())
 
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.get_str("topic")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Mapping
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -129,16 +129,17 @@ class RegisterBrokerBody:
                 "dataVersion": to_json(self.data_version),
                 "topicConfigTable": {t.topic_name: to_json(t) for t in self.topics},
             },
-        })
+        }).encode()
 
     def _encode_compressed(self) -> bytes:
-        parts = [_sized(fastjson.dumps(to_json(self.data_version))), INT32.pack(len(self.topics))]
+        parts = [_sized(fastjson.dumps(to_json(self.data_version)).encode()),
+                 INT32.pack(len(self.topics))]
         for t in self.topics:
             line = TOPIC_LINE_SEPARATOR.join(
                 (t.topic_name, str(t.read_queue_nums), str(t.write_queue_nums), str(t.perm),
                  t.topic_filter_type.value))
             parts.append(_sized(line.encode()))
-        parts.append(_sized(fastjson.dumps(list(self.filter_servers))))
+        parts.append(_sized(fastjson.dumps(list(self.filter_servers)).encode()))
         return zlib.compress(b"".join(parts), zlib.Z_BEST_COMPRESSION)
 
     @classmethod
@@ -177,10 +178,7 @@ class RegisterBrokerBody:
         if not 0 <= count <= len(data) // INT32.size:
             raise RegisterBodyError(f"topic count {count} does not fit the body")
         topics = tuple(_topic_line(reader.sized("topic config")) for _ in range(count))
-        try:
-            servers = fastjson.loads(reader.sized("filter server list"))
-        except (ValueError, RecursionError) as exc:
-            raise RegisterBodyError(f"filter server list is not JSON: {exc}") from None
+        servers = _parse_json(reader.sized("filter server list"), "filter server list")
         if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
             raise RegisterBodyError("filter server list is not a list of addresses")
         return cls(topics=topics, data_version=dv, filter_servers=tuple(servers))
@@ -211,11 +209,15 @@ class _Reader:
         return chunk
 
 
-def _json_object(data: bytes, what: str) -> dict[str, object]:
+def _parse_json(data: bytes, what: str) -> Any:
     try:
-        doc = fastjson.loads(data)
-    except (ValueError, RecursionError) as exc:
+        return fastjson.loads(data.decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise RegisterBodyError(f"{what} is not JSON: {exc}") from None
+
+
+def _json_object(data: bytes, what: str) -> dict[str, object]:
+    doc = _parse_json(data, what)
     if not isinstance(doc, dict):
         raise RegisterBodyError(f"{what} is a JSON {type(doc).__name__}, not an object")
     return doc
@@ -288,30 +290,21 @@ class RegisterResult:
 
     @classmethod
     def from_response(cls, cmd: RemotingCommand) -> RegisterResult:
-        table = None
-        if cmd.body:
-            try:
-                table = parse_kv_table(cmd.body)
-            except ValueError as exc:
-                raise RegisterBodyError(f"answer body: {exc}") from None
         return cls(master_addr=cmd.get_str("masterAddr", None, empty_as_absent=True),
                    master_ha_addr=cmd.get_str("haServerAddr", None, empty_as_absent=True),
-                   order_topic_config=table)
+                   order_topic_config=_kv_table_from(cmd.body) if cmd.body else None)
 
 
 def kv_table(table: Mapping[str, str]) -> bytes:
     """RocketMQ's ``KVTable`` body."""
-    return fastjson.dumps({"table": dict(table)})
+    return fastjson.dumps({"table": dict(table)}).encode()
 
 
-def parse_kv_table(body: bytes) -> dict[str, str]:
-    """Raises ValueError for anything but ``{"table":{string: string}}``."""
-    try:
-        doc = fastjson.loads(body)
-    except RecursionError as exc:
-        raise ValueError(f"KV table nested too deep: {exc}") from None
+def _kv_table_from(body: bytes) -> dict[str, str]:
+    doc = _parse_json(body, "answer body")
     table = doc.get("table") if isinstance(doc, dict) else None
-    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-        raise ValueError(f"not a KV table: {body!r:.120}")
+    if not isinstance(table, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+        raise RegisterBodyError(f"answer body is not a KV table: {body!r:.120}")
     return table
 

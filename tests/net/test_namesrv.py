@@ -18,7 +18,6 @@ import pytest
 from evq.domain.clock import ManualClock
 from evq.domain.codes import ResponseCode
 from evq.domain.topics import PERM_RW, TopicConfig
-from evq.net import fastjson
 from evq.net.codes import RequestCode, Version
 from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand
@@ -219,18 +218,18 @@ async def test_cluster_info_topic_lists_and_topic_deletion() -> None:
     async with namesrv() as server, registrar([server], topics=[T, other]), \
             RemotingClient(HOST, server.port) as client:
         await eventually(lambda: routed(server, "U"))
-        info = fastjson.loads((await ask(client, RequestCode.GET_BROKER_CLUSTER_INFO)).body)
+        info = json.loads((await ask(client, RequestCode.GET_BROKER_CLUSTER_INFO)).body)
         assert info == {
             "brokerAddrTable": {"broker-a": {"brokerAddrs": {"0": "127.0.0.1:10911"},
                                              "brokerName": "broker-a", "cluster": "C"}},
             "clusterAddrTable": {"C": ["broker-a"]},
         }
         listed = await ask(client, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-        assert fastjson.loads(listed.body) == {"topicList": ["T", "U"]}
+        assert json.loads(listed.body) == {"topicList": ["T", "U"]}
         by_cluster = await ask(client, RequestCode.GET_TOPICS_BY_CLUSTER, {"cluster": "C"})
-        assert fastjson.loads(by_cluster.body) == {"topicList": ["T", "U"]}
+        assert json.loads(by_cluster.body) == {"topicList": ["T", "U"]}
         nothing = await ask(client, RequestCode.GET_TOPICS_BY_CLUSTER, {"cluster": "X"})
-        assert fastjson.loads(nothing.body) == {"topicList": []}
+        assert json.loads(nothing.body) == {"topicList": []}
         await ask(client, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "U", "clusterName": ""})
         await ask(client, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "T", "clusterName": "X"})
         assert await route(client, "U") is None
@@ -252,7 +251,7 @@ async def test_kv_config_and_the_order_topic_conf() -> None:
         assert got.ext_fields == {"value": "broker-a:2"}
         listed = await ask(client, RequestCode.GET_KVLIST_BY_NAMESPACE,
                            {"namespace": ORDER_TOPIC_CONFIG})
-        assert fastjson.loads(listed.body) == {"table": {"T": "broker-a:2"}}
+        assert json.loads(listed.body) == {"table": {"T": "broker-a:2"}}
 
         async with registrar([server]) as broker:
             await eventually(lambda: routed(server))

@@ -1,0 +1,5 @@
+"""The broker server: RocketMQ request processors over the domain broker."""
+
+from evq.net.broker.server import BrokerServer
+
+__all__ = ["BrokerServer"]

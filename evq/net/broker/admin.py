@@ -1,0 +1,192 @@
+"""Admin codes: topics, subscription groups, offsets, stats, connections, runtime, reset."""
+
+from __future__ import annotations
+
+import json
+
+from evq.domain import topics as tp
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.config_json import from_json, to_json
+from evq.domain.groups import SubscriptionGroupConfig
+from evq.domain.queues import MessageQueue
+from evq.domain.schedule import DELAY_PROGRESS
+from evq.net import fastjson
+from evq.net.broker.clients import json_body
+from evq.net.broker.context import BrokerContext
+from evq.net.codes import LanguageCode, RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Handler
+
+BROKER_VERSION = "V4_9_7"
+BROKER_VERSION_ORDINAL = 407
+
+
+def _data_version(ctx: BrokerContext) -> dict[str, int]:
+    return {"counter": ctx.core.log.max_physical_offset, "timestamp": ctx.core.clock.now_ms()}
+
+
+def reset_offset_body(ctx: BrokerContext, group: str, topic: str, offsets: dict[int, int],
+                      *, for_c: bool) -> bytes:
+    """ResetOffsetBody: Java clients read MessageQueue-object keys, the C++ client only the
+    array form Java sends when the admin request came from C++ ("ForC")."""
+    name = ctx.core.config.broker_name
+    if for_c:
+        return json.dumps({"offsetTable": [
+            {"brokerName": name, "offset": o, "queueId": q, "topic": topic}
+            for q, o in sorted(offsets.items())]}).encode()
+    return fastjson.dumps({"offsetTable": {
+        MessageQueue(topic, name, q): o for q, o in offsets.items()}}).encode()
+
+
+def handlers(ctx: BrokerContext) -> dict[int, Handler]:
+    core = ctx.core
+
+    async def update_topic(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        config = tp.TopicConfig(
+            topic_name=cmd.get_str("topic"), read_queue_nums=cmd.get_int("readQueueNums", 16),
+            write_queue_nums=cmd.get_int("writeQueueNums", 16),
+            perm=cmd.get_int("perm", tp.PERM_RW), order=cmd.get_bool("order", False),
+            topic_sys_flag=cmd.get_int("topicSysFlag", 0),
+            topic_filter_type=tp.TopicFilterType(cmd.get_str("topicFilterType", "SINGLE_TAG")))
+        await ctx.blocking(core.create_topic, config)
+        ctx.topics_changed()
+        return cmd.response()
+
+    async def delete_topic(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await ctx.blocking(core.delete_topic, cmd.get_str("topic"))
+        ctx.topics_changed()
+        return cmd.response()
+
+    async def update_group(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            config = from_json(SubscriptionGroupConfig, json_body(cmd))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"bad subscription group: {exc}"
+                              ) from None
+        await ctx.blocking(core.create_group, config)
+        return cmd.response()
+
+    async def delete_group(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await ctx.blocking(core.delete_group, cmd.get_str("groupName"))
+        return cmd.response()
+
+    async def all_topics(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topics = core.topics()
+        if not topics:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "No topic in this broker")
+        return cmd.response(body=json.dumps({
+            "dataVersion": _data_version(ctx),
+            "topicConfigTable": {n: to_json(c) for n, c in sorted(topics.items())},
+        }).encode())
+
+    async def all_groups(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(body=json.dumps({
+            "dataVersion": _data_version(ctx),
+            "subscriptionGroupTable": {n: to_json(c) for n, c in sorted(core.groups().items())},
+        }).encode())
+
+    async def all_offsets(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        table: dict[str, dict[int, int]] = {}
+        for (group, topic, qid), offset in sorted(core.offsets().items()):
+            table.setdefault(f"{topic}@{group}", {})[qid] = offset
+        return cmd.response(body=fastjson.dumps({"offsetTable": table}).encode())
+
+    async def delay_offsets(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        stored = core.progress(DELAY_PROGRESS)
+        table = {int(k): int(v) for k, v in stored.items()} if isinstance(stored, dict) else {}
+        return cmd.response(body=fastjson.dumps({"offsetTable": table}).encode())
+
+    async def consume_stats(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.get_str("consumerGroup")
+        name = core.config.broker_name
+        table = {MessageQueue(s.topic, name, s.queue_id): {
+            "brokerOffset": s.broker_offset, "consumerOffset": s.consumer_offset,
+            "lastTimestamp": s.last_timestamp}
+            for s in core.consume_stats(group, cmd.get_str("topic", None, empty_as_absent=True))}
+        return cmd.response(body=fastjson.dumps({"consumeTps": 0.0,
+                                                 "offsetTable": table}).encode())
+
+    async def topic_stats(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = cmd.get_str("topic")
+        config = core.topic(topic)
+        if config is None:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        table = {}
+        for qid in range(config.write_queue_nums):
+            lo, hi = core.log.bounds(topic, qid)
+            last = core.log.store_time_at(topic, qid, hi - 1) if hi else 0
+            table[MessageQueue(topic, core.config.broker_name, qid)] = {
+                "lastUpdateTimestamp": max(last, 0), "maxOffset": hi, "minOffset": lo}
+        return cmd.response(body=fastjson.dumps({"offsetTable": table}).encode())
+
+    async def connections(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.get_str("consumerGroup")
+        info = ctx.membership.consumer_group(group)
+        if info is None or not info.members:
+            raise BrokerError(ResponseCode.CONSUMER_NOT_ONLINE,
+                              f"the consumer group[{group}] not online")
+        body = {
+            "connectionSet": [{"clientAddr": getattr(m.connection, "peer", ""),
+                               "clientId": m.client_id,
+                               "language": LanguageCode(
+                                   ctx.clients.get(m.connection, (LanguageCode.OTHER, 0))[0]).name,
+                               "version": ctx.clients.get(m.connection, (0, 0))[1]}
+                              for m in info.members],
+            "consumeFromWhere": info.consume_from_where, "consumeType": info.consume_type,
+            "messageModel": info.message_model,
+            "subscriptionTable": {t: {"subString": getattr(s, "expression", "*"), "topic": t,
+                                      "expressionType": getattr(
+                                          getattr(s, "expression_type", None), "value", "TAG")}
+                                  for t, s in info.subscriptions.items()},
+        }
+        return cmd.response(body=json.dumps(body).encode())
+
+    async def runtime_info(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        log = core.log
+        table = {
+            "brokerVersionDesc": BROKER_VERSION, "brokerVersion": BROKER_VERSION_ORDINAL,
+            "commitLogMinOffset": log.min_physical_offset,
+            "commitLogMaxOffset": log.max_physical_offset,
+            "commitLogDiskRatio": 0.0, "brokerRole": core.config.broker_role.value,
+            "earliestMessageTimeStamp": 0, "evqBackend": type(log).__name__,
+        }
+        return cmd.response(body=json.dumps(
+            {"table": {k: str(v) for k, v in table.items()}}).encode())
+
+    async def reset_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic, group = cmd.get_str("topic"), cmd.get_str("group")
+        timestamp = cmd.get_long("timestamp")
+        force = cmd.get_bool("isForce", True)
+        if timestamp < 0:  # -1: to the end of every queue
+            timestamp = 2**63 - 1
+        offsets = await ctx.blocking(
+            lambda: core.reset_offset_by_time(group, topic, timestamp, force=force))
+        for_c = cmd.language == LanguageCode.CPP
+        body = reset_offset_body(ctx, group, topic, offsets, for_c=for_c)
+        info = ctx.membership.consumer_group(group)
+        for member in info.members if info else ():
+            client = member.connection
+            if isinstance(client, Connection) and not client.is_closed:
+                client.send_oneway(RemotingCommand.request(
+                    RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+                    {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force},
+                    reset_offset_body(ctx, group, topic, offsets, for_c=True)
+                    if ctx.clients.get(client, (None,))[0] == LanguageCode.CPP else body,
+                    oneway=True))
+        return cmd.response(body=body)
+
+    return {
+        RequestCode.UPDATE_AND_CREATE_TOPIC: update_topic,
+        RequestCode.DELETE_TOPIC_IN_BROKER: delete_topic,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_group,
+        RequestCode.DELETE_SUBSCRIPTIONGROUP: delete_group,
+        RequestCode.GET_ALL_TOPIC_CONFIG: all_topics,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: all_groups,
+        RequestCode.GET_ALL_CONSUMER_OFFSET: all_offsets,
+        RequestCode.GET_ALL_DELAY_OFFSET: delay_offsets,
+        RequestCode.GET_CONSUME_STATS: consume_stats,
+        RequestCode.GET_TOPIC_STATS_INFO: topic_stats,
+        RequestCode.GET_CONSUMER_CONNECTION_LIST: connections,
+        RequestCode.GET_BROKER_RUNTIME_INFO: runtime_info,
+        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: reset_offset,
+    }

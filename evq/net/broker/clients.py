@@ -1,0 +1,184 @@
+"""Client-facing group traffic: heartbeats, group membership, offsets, send-back, locks and
+END_TRANSACTION; and the broker-to-client notifications they cause."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+import structlog
+
+from evq.domain import topics as tp
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.filters import FilterError, parse_subscription
+from evq.domain.membership import ConsumerData, Heartbeat
+from evq.domain.queues import MessageQueue
+from evq.domain.retry import send_back
+from evq.net.broker.context import BrokerContext
+from evq.net.codes import RequestCode
+from evq.net.fastjson import queue_json
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Handler
+
+log = structlog.get_logger(__name__)
+
+# The C++ client sends these enums as ordinals.
+CONSUME_TYPES = {0: "CONSUME_ACTIVELY", 1: "CONSUME_PASSIVELY"}
+MESSAGE_MODELS = {0: "BROADCASTING", 1: "CLUSTERING"}
+CONSUME_FROM = {0: "CONSUME_FROM_LAST_OFFSET",
+                1: "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST",
+                2: "CONSUME_FROM_MIN_OFFSET", 3: "CONSUME_FROM_MAX_OFFSET",
+                4: "CONSUME_FROM_FIRST_OFFSET", 5: "CONSUME_FROM_TIMESTAMP"}
+COMMIT_TYPE, ROLLBACK_TYPE = 8, 12
+
+
+def _enum(value: object, names: Mapping[int, str]) -> str:
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return names.get(int(value), str(value))
+    return str(value)
+
+
+def json_body(cmd: RemotingCommand) -> dict[str, object]:
+    try:
+        body = json.loads(cmd.body) if cmd.body else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the request body is not JSON: {exc}"
+                          ) from None
+    if not isinstance(body, dict):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "the request body is not a JSON object")
+    return body
+
+
+def parse_heartbeat(body: Mapping[str, object]) -> Heartbeat:
+    consumers = []
+    for c in body.get("consumerDataSet") or []:  # type: ignore[attr-defined]
+        group = str(c["groupName"])
+        subs = {}
+        for s in c.get("subscriptionDataSet") or []:
+            topic = str(s["topic"])
+            try:
+                subs[topic] = parse_subscription(
+                    topic, s.get("subString"), s.get("expressionType") or "TAG",
+                    int(s.get("subVersion") or 0))
+            except (FilterError, ValueError) as exc:
+                log.warning("bad_subscription_in_heartbeat", group=group, topic=topic,
+                            error=str(exc))
+        consumers.append(ConsumerData(
+            group, _enum(c.get("consumeType"), CONSUME_TYPES),
+            _enum(c.get("messageModel"), MESSAGE_MODELS),
+            _enum(c.get("consumeFromWhere"), CONSUME_FROM), subs))
+    producers = [str(p["groupName"]) for p in body.get("producerDataSet") or []]  # type: ignore[attr-defined]
+    return Heartbeat(str(body.get("clientID") or ""), consumers, producers)
+
+
+def queues_of(items: Iterable[Mapping[str, object]]) -> list[MessageQueue]:
+    return [MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))  # type: ignore[call-overload]
+            for q in items]
+
+
+def notify_ids_changed(ctx: BrokerContext, groups: Iterable[str]) -> None:
+    """NOTIFY_CONSUMER_IDS_CHANGED to every remaining member of each group (oneway)."""
+    for group in groups:
+        config = ctx.core.group(group)
+        if config is not None and not config.notify_consumer_ids_changed_enable:
+            continue
+        info = ctx.membership.consumer_group(group)
+        for member in info.members if info else ():
+            conn = member.connection
+            if isinstance(conn, Connection) and not conn.is_closed:
+                conn.send_oneway(RemotingCommand.request(
+                    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group},
+                    oneway=True))
+
+
+def handlers(ctx: BrokerContext) -> dict[int, Handler]:
+    async def heart_beat(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        beat = parse_heartbeat(json_body(cmd))
+        for c in beat.consumers:
+            group = await ctx.blocking(ctx.core.ensure_group, c.group)
+            retry = tp.retry_topic(c.group)
+            if group.retry_queue_nums > 0 and ctx.core.topic(retry) is None:
+                await ctx.blocking(ctx.core.ensure_topic, retry, group.retry_queue_nums)
+                ctx.topics_changed()
+        if conn not in ctx.clients:
+            conn.add_close_callback(lambda c: notify_ids_changed(
+                ctx, ctx.membership.connection_closed(c)))
+        ctx.clients[conn] = (cmd.language, cmd.version)
+        notify_ids_changed(ctx, ctx.membership.heartbeat(conn, beat))
+        return cmd.response()
+
+    async def unregister(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        changed = ctx.membership.unregister(
+            conn, consumer_group=cmd.get_str("consumerGroup", None, empty_as_absent=True),
+            producer_group=cmd.get_str("producerGroup", None, empty_as_absent=True))
+        notify_ids_changed(ctx, changed)
+        return cmd.response()
+
+    async def consumer_list(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.get_str("consumerGroup")
+        ids = ctx.membership.client_ids(group)
+        if not ids:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return cmd.response(body=json.dumps({"consumerIdList": ids}).encode())
+
+    async def query_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        group, topic, qid = (cmd.get_str("consumerGroup"), cmd.get_str("topic"),
+                             cmd.get_int("queueId"))
+        offset = ctx.core.query_offset(group, topic, qid)
+        if offset < 0:
+            lo, _hi = ctx.core.log.bounds(topic, qid)
+            if lo > 0:  # Java: only a queue still starting at 0 answers "from 0"
+                raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
+                                  "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+            offset = 0
+        return cmd.response(fields={"offset": offset})
+
+    async def update_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ctx.core.commit_offset(cmd.get_str("consumerGroup"), cmd.get_str("topic"),
+                               cmd.get_int("queueId"), cmd.get_long("commitOffset"))
+        return cmd.response()
+
+    async def send_msg_back(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        max_times = cmd.get_int("maxReconsumeTimes", None) if cmd.version >= 121 else None
+        await ctx.blocking(lambda: send_back(
+            ctx.core, cmd.get_str("group"), cmd.get_long("offset"),
+            delay_level=cmd.get_int("delayLevel", 0), max_reconsume_times=max_times))
+        return cmd.response()
+
+    async def lock_batch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        body = json_body(cmd)
+        locked = ctx.core.locks.lock_batch(str(body.get("consumerGroup")),
+                                           queues_of(body.get("mqSet") or []),  # type: ignore[arg-type]
+                                           str(body.get("clientId")))
+        return cmd.response(body=json.dumps(
+            {"lockOKMQSet": [queue_json(q) for q in sorted(locked)]}).encode())
+
+    async def unlock_batch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        body = json_body(cmd)
+        ctx.core.locks.unlock_batch(str(body.get("consumerGroup")),
+                                    queues_of(body.get("mqSet") or []),  # type: ignore[arg-type]
+                                    str(body.get("clientId")))
+        return cmd.response()
+
+    async def end_transaction(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+        kind = cmd.get_int("commitOrRollback")
+        commit = {COMMIT_TYPE: True, ROLLBACK_TYPE: False}.get(kind)
+        if commit is None:
+            return None  # state unknown: Java sends no answer and waits for the check
+        result = await ctx.blocking(
+            ctx.engine.transactions.end, cmd.get_str("producerGroup"),
+            cmd.get_long("tranStateTableOffset"), cmd.get_long("commitLogOffset"), commit)
+        code = result.code if result is not None else ResponseCode.SUCCESS
+        return cmd.response(code)
+
+    return {
+        RequestCode.HEART_BEAT: heart_beat,
+        RequestCode.UNREGISTER_CLIENT: unregister,
+        RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer_list,
+        RequestCode.QUERY_CONSUMER_OFFSET: query_offset,
+        RequestCode.UPDATE_CONSUMER_OFFSET: update_offset,
+        RequestCode.CONSUMER_SEND_MSG_BACK: send_msg_back,
+        RequestCode.LOCK_BATCH_MQ: lock_batch,
+        RequestCode.UNLOCK_BATCH_MQ: unlock_batch,
+        RequestCode.END_TRANSACTION: end_transaction,
+    }

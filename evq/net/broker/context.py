@@ -1,0 +1,48 @@
+"""What every processor of one broker server shares."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import attrs
+
+from evq.domain.broker import Broker
+from evq.domain.membership import GroupMembership
+from evq.domain.message import Host
+from evq.embedded import Broker as Engine
+from evq.net.long_polling import PullHolds
+
+_T = TypeVar("_T")
+
+
+@attrs.define(slots=True)
+class BrokerContext:
+    engine: Engine
+    membership: GroupMembership
+    holds: PullHolds
+    loop: asyncio.AbstractEventLoop
+    topics_changed: Callable[[], None] = lambda: None  # re-register with the name servers
+    # Per client connection: (language, version) from its heartbeat; the connections whose
+    # close already drops them from the membership tables.
+    clients: weakref.WeakKeyDictionary[object, tuple[int, int]] = attrs.field(
+        factory=weakref.WeakKeyDictionary)
+
+    @property
+    def core(self) -> Broker:
+        return self.engine.core
+
+    async def blocking(self, fn: Callable[..., _T], *args: object) -> _T:
+        """Run a call that writes metadata (SQL commit, log flush) off the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+
+def parse_host(address: str) -> Host:
+    """``"ip:port"`` from a connection or a client, as a record's host field."""
+    host, _, port = address.rpartition(":")
+    try:
+        return (host.strip("[]") or "0.0.0.0", int(port))
+    except ValueError:
+        return ("0.0.0.0", 0)

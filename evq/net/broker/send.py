@@ -1,0 +1,105 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from evq.domain import topics as tp
+from evq.domain.broker import SendResult
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.log import PutStatus
+from evq.domain.message import Message, decode_properties
+from evq.domain.record import RecordError, decode_batch
+from evq.net.broker.context import BrokerContext, parse_host
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Handler
+
+# SendMessageRequestHeaderV2's one-letter names, in RocketMQ's order.
+V2_NAMES = dict(zip("abcdefghijklmn", (
+    "producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+    "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "maxReconsumeTimes",
+    "batch", "bname"), strict=True))
+
+
+def v1_header(cmd: RemotingCommand) -> RemotingCommand:
+    """The request with V2's short field names spelled out, so one parser reads both."""
+    if cmd.code != RequestCode.SEND_MESSAGE_V2 and "b" not in cmd.ext_fields:
+        return cmd
+    fields = {V2_NAMES.get(k, k): v for k, v in cmd.ext_fields.items()}
+    return RemotingCommand(code=cmd.code, language=cmd.language, version=cmd.version,
+                           opaque=cmd.opaque, flag=cmd.flag, ext_fields=fields, body=cmd.body,
+                           serialize_type=cmd.serialize_type)
+
+
+def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
+    topic = h.get_str("topic")
+    queue_id = h.get_int("queueId")
+    sysflag = h.get_int("sysFlag")
+    born_ts = h.get_long("bornTimestamp")
+    flag = h.get_int("flag", 0)
+    reconsume = h.get_int("reconsumeTimes", 0)
+    born_host = parse_host(conn.peer)
+    batch = h.code == RequestCode.SEND_BATCH_MESSAGE or h.get_bool("batch", False)
+    if batch:
+        if len(topic) > tp.MAX_TOPIC_LENGTH:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
+        try:
+            entries = decode_batch(h.body)
+        except RecordError as exc:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
+        return [Message(topic=topic, body=e.body, flag=e.flag, properties=e.properties,
+                        queue_id=queue_id, sysflag=sysflag, born_timestamp=born_ts,
+                        born_host=born_host, reconsume_times=reconsume) for e in entries]
+    props = decode_properties(h.get_str("properties", ""))
+    return [Message(topic=topic, body=h.body, flag=flag, properties=props, queue_id=queue_id,
+                    sysflag=sysflag, born_timestamp=born_ts, born_host=born_host,
+                    reconsume_times=reconsume)]
+
+
+async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
+    """Wait for the flush policy without blocking the loop (group commit via on_durable)."""
+    if not result.ok:
+        return result
+    future: asyncio.Future[bool] = ctx.loop.create_future()
+
+    def done(ok: bool) -> None:
+        ctx.loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
+
+    ctx.core.log.on_durable(result.end_offset, done, ctx.core.config.sync_flush_timeout_ms / 1000)
+    if await future:
+        return result
+    return SendResult(PutStatus.FLUSH_DISK_TIMEOUT, result.topic, result.queue_id,
+                      result.appended)
+
+
+def handlers(ctx: BrokerContext) -> dict[int, Handler]:
+    async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        h = v1_header(cmd)
+        messages = messages_of(conn, h)
+        max_reconsume = (h.get_int("maxReconsumeTimes", None)
+                         if h.version >= 121 else None)  # V3_4_9: Java's rule
+        default_topic = h.get_str("defaultTopic", tp.AUTO_CREATE_TOPIC)
+        default_queues = h.get_int("defaultTopicQueueNums", 4)
+
+        def put() -> SendResult:
+            return ctx.core.put(messages, default_topic=default_topic,
+                                default_topic_queue_nums=default_queues,
+                                max_reconsume_times=max_reconsume)
+
+        if ctx.core.topic(messages[0].topic) is None:  # auto-creation writes metadata:
+            result = await ctx.blocking(put)  # keep it off the loop
+            ctx.topics_changed()
+        else:
+            result = put()
+        result = await durable(ctx, result)
+        if not result.appended or result.appended[0].physical_offset < 0:
+            return cmd.response(result.code, f"store put failed: {result.status.value}")
+        return cmd.response(result.code, None, {
+            "msgId": result.msg_id, "queueId": result.queue_id,
+            "queueOffset": result.queue_offset, "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        })
+
+    return {RequestCode.SEND_MESSAGE: send, RequestCode.SEND_MESSAGE_V2: send,
+            RequestCode.SEND_BATCH_MESSAGE: send}

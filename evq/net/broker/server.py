@@ -1,0 +1,141 @@
+"""``evq broker``: the domain broker behind a RocketMQ remoting server.
+
+Start-up binds the port first, so that the store host written into every record (and so every
+offset msgId, and the address C++ clients send CONSUMER_SEND_MSG_BACK to) is the real
+client-facing ``ip:port`` even when the port was 0; then it opens the store (recovering it),
+and only then registers the processors.  Shutdown answers in-flight requests, releases parked
+pulls, flushes the store and removes its abort marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import attrs
+import structlog
+
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.membership import GroupMembership
+from evq.domain.message import Message, Prop
+from evq.domain.record import encode, offset_msg_id
+from evq.embedded import Broker as Engine
+from evq.net.broker import admin, clients, pull, queries, send
+from evq.net.broker.context import BrokerContext
+from evq.net.codes import RequestCode
+from evq.net.long_polling import PullHolds
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Dispatcher, RemotingServer, TransportConfig
+from evq.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+MEMBERSHIP_SCAN_S = 10.0
+PROCESSOR_MODULES = (send, pull, clients, queries, admin)
+
+
+@attrs.define(slots=True)
+class CheckBack:
+    """The transaction checker's port: CHECK_TRANSACTION_STATE to one live producer of the
+    group.  The checker runs on the broker's tick thread, so the send hops to the loop."""
+
+    ctx: BrokerContext
+
+    def check_back(self, producer_group: str, half: Message) -> bool:
+        conn = self.ctx.membership.producer_connection(producer_group)
+        if not isinstance(conn, Connection) or conn.is_closed:
+            return False
+        real = attrs.evolve(half, topic=half.properties.get(Prop.REAL_TOPIC, half.topic),
+                            queue_id=int(half.properties.get(Prop.REAL_QID, "0") or 0))
+        uniq = half.properties.get(Prop.UNIQ_KEY, "")
+        request = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {
+            "tranStateTableOffset": half.queue_offset,
+            "commitLogOffset": half.commit_log_offset,
+            "msgId": uniq,
+            "transactionId": half.properties.get(Prop.TRANSACTION_ID, uniq),
+            "offsetMsgId": offset_msg_id(half.store_host, half.commit_log_offset),
+        }, bytes(encode(real)), oneway=True)
+        self.ctx.loop.call_soon_threadsafe(conn.send_oneway, request)
+        return True
+
+
+class BrokerServer:
+    def __init__(self, settings: Settings, *, clock: Clock = SYSTEM_CLOCK,
+                 transport: TransportConfig | None = None) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._dispatcher = Dispatcher()
+        self.server = RemotingServer(settings.net.host, settings.net.listen_port,
+                                     self._dispatcher, config=transport, clock=clock)
+        self.ctx: BrokerContext | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closers: list[Callable[[], None]] = []
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def start(self) -> None:
+        """Bind, open (and recover) the store, then serve.  Raises OSError when the port is
+        taken and :class:`evq.domain.log.LogLocked` when another broker has the data dir."""
+        await self.server.start()
+        try:
+            await self._open()
+        except BaseException:
+            await self.server.shutdown(grace=0)
+            raise
+
+    async def _open(self) -> None:
+        s = self.settings
+        host = (s.net.host, self.server.port)
+        broker_config = attrs.evolve(s.broker, store_host=host)
+        store_config = attrs.evolve(s.store, store_host=host)
+        engine = await asyncio.to_thread(
+            Engine.open, s.net.store_path_root_dir, s.net.backend, store_config=store_config,
+            broker_config=broker_config, metadata=s.net.metadata_url or None, clock=self._clock)
+        loop = asyncio.get_running_loop()
+        holds = PullHolds(loop)
+        self._closers.append(engine.core.log.subscribe_dispatch(holds.on_dispatch))
+        ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop)
+        engine.transactions.port = CheckBack(ctx)
+        for module in PROCESSOR_MODULES:
+            for code, handler in module.handlers(ctx).items():
+                self._dispatcher.register(code, handler)
+        self.ctx = ctx
+        self._tasks.append(loop.create_task(self._scan_members()))
+        log.info("broker_started", address=self.address, backend=s.net.backend,
+                 data=s.net.store_path_root_dir, role=s.broker.broker_role.value)
+
+    async def _scan_members(self) -> None:
+        """Drop clients silent for 120 s, every 10 s, as RocketMQ's ClientHousekeepingService."""
+        assert self.ctx is not None
+        while True:
+            await asyncio.sleep(MEMBERSHIP_SCAN_S)
+            expired = self.ctx.membership.scan_expired()
+            for conn in expired.connections:
+                if isinstance(conn, Connection):
+                    conn.close()
+            clients.notify_ids_changed(self.ctx, expired.groups)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.ctx is not None:
+            self.ctx.holds.release_all()
+        await self.server.shutdown(grace)
+        for close in self._closers:
+            close()
+        if self.ctx is not None:
+            await asyncio.to_thread(self.ctx.engine.close)
+            self.ctx = None
+        log.info("broker_stopped", address=self.address)
+
+    async def __aenter__(self) -> BrokerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()

@@ -1,0 +1,167 @@
+"""The broker server over real sockets: the requests stock clients make, answered as they
+expect (every header value a string, RocketMQ's codes and remarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from evq.domain.codes import ResponseCode
+from evq.domain.message import Prop, encode_properties, new_message
+from evq.domain.record import encode_batch, iter_records
+from evq.net.broker import BrokerServer
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import RemotingClient
+from evq.settings import build
+
+TIMEOUT = 5.0
+
+
+@contextlib.asynccontextmanager
+async def broker(data: Path, **values: object) -> AsyncIterator[BrokerServer]:
+    settings = build({"listen_port": 0, "store_path_root_dir": str(data),
+                      "warm_segments": False, "commitlog_segment_size": 1 << 20, **values})
+    server = BrokerServer(settings)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.shutdown(grace=1.0)
+
+
+async def call(client: RemotingClient, code: int, fields: dict[str, object] | None = None,
+               body: bytes = b"") -> RemotingCommand:
+    return await client.invoke(RemotingCommand.request(code, fields, body), TIMEOUT)
+
+
+def send_fields(topic: str, queue_id: int = 0, **props: str) -> dict[str, object]:
+    return {"producerGroup": "PG", "topic": topic, "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": 0,
+            "bornTimestamp": 1700000000000, "flag": 0,
+            "properties": encode_properties(props), "reconsumeTimes": 0, "unitMode": "0"}
+
+
+async def test_send_then_pull_with_every_header_a_string(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.SEND_MESSAGE, send_fields("T", 1, TAGS="a", KEYS="k"),
+                       b"hello")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        assert set(r.ext_fields) >= {"msgId", "queueId", "queueOffset"}
+        assert (r.ext_fields["queueId"], r.ext_fields["queueOffset"]) == ("1", "0")
+        assert r.ext_fields["msgId"].startswith("7F000001")  # the real store host
+        p = await call(c, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "G", "topic": "T", "queueId": 1, "queueOffset": 0,
+            "maxMsgNums": 32, "sysFlag": 4, "commitOffset": 0, "suspendTimeoutMillis": 0,
+            "subscription": "a || b", "subVersion": 0})
+        assert p.code == ResponseCode.SUCCESS and p.remark == "FOUND"
+        assert p.ext_fields["nextBeginOffset"] == "1"
+        (m,) = list(iter_records(p.body))
+        assert (m.body, m.tags, m.born_host[0]) == (b"hello", "a", "127.0.0.1")
+
+
+async def test_v2_headers_batches_and_errors(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        v2 = dict(zip("abcdefghijk", send_fields("T").values(), strict=True))
+        r = await call(c, RequestCode.SEND_MESSAGE_V2, v2, b"v2")
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        batch = encode_batch([new_message("T", b"x"), new_message("T", b"y")])
+        r = await call(c, RequestCode.SEND_BATCH_MESSAGE, {**send_fields("T"), "batch": "1"},
+                       batch)
+        assert r.code == ResponseCode.SUCCESS and r.ext_fields["msgId"].count(",") == 1
+        r = await call(c, RequestCode.SEND_MESSAGE, send_fields("bad topic!"), b"x")
+        assert r.code == ResponseCode.SYSTEM_ERROR and "illegal characters" in (r.remark or "")
+        r = await call(c, RequestCode.SEND_MESSAGE, {"topic": "T"}, b"x")
+        assert r.code == ResponseCode.SYSTEM_ERROR and "queueId" in (r.remark or "")
+        r = await call(c, 9999)
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+
+async def test_long_polling_pull_is_woken_by_a_send(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        await call(c, RequestCode.SEND_MESSAGE, send_fields("T"), b"first")
+        parked = asyncio.ensure_future(call(c, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "G", "topic": "T", "queueId": 0, "queueOffset": 1,
+            "maxMsgNums": 32, "sysFlag": 6, "commitOffset": 0,
+            "suspendTimeoutMillis": 20000, "subscription": "*", "subVersion": 0}))
+        await asyncio.sleep(0.2)
+        assert not parked.done()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await call(c, RequestCode.SEND_MESSAGE, send_fields("T"), b"second")
+        p = await asyncio.wait_for(parked, 5)
+        assert loop.time() - t0 < 2
+        assert [m.body for m in iter_records(p.body)] == [b"second"]
+
+
+async def test_heartbeat_consumer_list_offsets_and_locks(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        beat = {"clientID": "1-127.0.0.1@DEFAULT", "consumerDataSet": [{
+            "groupName": "G", "consumeType": 1, "messageModel": 1, "consumeFromWhere": 0,
+            "subscriptionDataSet": [{"topic": "T", "subString": "*", "subVersion": "1"}]}],
+            "producerDataSet": [{"groupName": "PG"}]}
+        r = await call(c, RequestCode.HEART_BEAT, body=json.dumps(beat).encode())
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(c, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "G"})
+        assert json.loads(r.body) == {"consumerIdList": ["1-127.0.0.1@DEFAULT"]}
+        q = {"consumerGroup": "G", "topic": "T", "queueId": 0}
+        r = await call(c, RequestCode.QUERY_CONSUMER_OFFSET, q)
+        assert (r.code, r.ext_fields["offset"]) == (ResponseCode.SUCCESS, "0")
+        await call(c, RequestCode.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": 7})
+        r = await call(c, RequestCode.QUERY_CONSUMER_OFFSET, q)
+        assert r.ext_fields["offset"] == "7"
+        mq = {"brokerName": "broker-a", "queueId": 0, "topic": "T"}
+        lock = {"clientId": "1-127.0.0.1@DEFAULT", "consumerGroup": "G", "mqSet": [mq]}
+        r = await call(c, RequestCode.LOCK_BATCH_MQ, body=json.dumps(lock).encode())
+        assert json.loads(r.body) == {"lockOKMQSet": [mq]}
+        other = {**lock, "clientId": "other"}
+        r = await call(c, RequestCode.LOCK_BATCH_MQ, body=json.dumps(other).encode())
+        assert json.loads(r.body) == {"lockOKMQSet": []}
+        r = await call(c, RequestCode.HEART_BEAT, body=b"{not json")
+        assert r.code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_queries_and_send_back(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.SEND_MESSAGE,
+                       send_fields("T", KEYS="order-1", **{Prop.UNIQ_KEY: "U1"}), b"q")
+        offset = int(r.ext_fields["msgId"][16:], 16)
+        q = {"topic": "T", "queueId": 0}
+        assert (await call(c, RequestCode.GET_MAX_OFFSET, q)).ext_fields["offset"] == "1"
+        assert (await call(c, RequestCode.GET_MIN_OFFSET, q)).ext_fields["offset"] == "0"
+        r = await call(c, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+        assert next(iter_records(r.body)).body == b"q"
+        r = await call(c, RequestCode.QUERY_MESSAGE, {"topic": "T", "key": "order-1",
+                                                       "maxNum": 10, "beginTimestamp": 0,
+                                                       "endTimestamp": 2**62})
+        assert [m.body for m in iter_records(r.body)] == [b"q"]
+        r = await call(c, RequestCode.QUERY_MESSAGE, {"topic": "T", "key": "nope", "maxNum": 1,
+                                                       "beginTimestamp": 0, "endTimestamp": 1})
+        assert r.code == ResponseCode.QUERY_NOT_FOUND
+        r = await call(c, RequestCode.CONSUMER_SEND_MSG_BACK,
+                       {"offset": offset, "group": "G", "delayLevel": 0})
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(c, RequestCode.CONSUMER_SEND_MSG_BACK,
+                       {"offset": offset + 1, "group": "G", "delayLevel": 0})
+        assert r.code == ResponseCode.SYSTEM_ERROR
+
+
+async def test_admin_topic_and_stats(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": "A", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6,
+            "topicFilterType": "SINGLE_TAG"})
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(c, RequestCode.GET_ALL_TOPIC_CONFIG)
+        assert json.loads(r.body)["topicConfigTable"]["A"]["readQueueNums"] == 2
+        r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})
+        assert r.body.count(b'"maxOffset":0') == 2
+        r = await call(c, RequestCode.GET_BROKER_RUNTIME_INFO)
+        assert json.loads(r.body)["table"]["brokerVersionDesc"] == "V4_9_7"
+        r = await call(c, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "A"})
+        assert r.code == ResponseCode.SUCCESS
+        r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})
+        assert r.code == ResponseCode.TOPIC_NOT_EXIST
