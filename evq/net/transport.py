@@ -67,10 +67,11 @@ from evq.net.protocol import (
     RemotingCommand,
 )
 
+_uvloop_factory: Callable[[], asyncio.AbstractEventLoop] | None
 try:
-    import uvloop
+    from uvloop import new_event_loop as _uvloop_factory
 except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
-    uvloop = None
+    _uvloop_factory = None
 
 log = structlog.get_logger(__name__)
 
@@ -547,7 +548,7 @@ class RemotingClient:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when it is installed (several times asyncio's throughput), else asyncio's."""
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    return _uvloop_factory() if _uvloop_factory is not None else asyncio.new_event_loop()
 
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:

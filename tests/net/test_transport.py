@@ -249,7 +249,7 @@ async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> No
         assert handled < requests
         stalled_at = handled
 
-        opaques = []
+        opaques: list[int] = []
         while len(opaques) < requests:  # reading resumes the server: every answer arrives
             answer = await peer.receive()
             assert answer is not None
