@@ -31,11 +31,15 @@ What the transport promises, and why:
 * Each request runs in its own task and answers go out in completion order, so a pull parked
   for 15 s by long polling does not hold up a heartbeat behind it on the same connection (the
   C++ client drops the whole connection when a heartbeat takes over 3 s).
-* Backpressure: a connection stops reading, and stops starting handlers, while its transport's
-  write buffer is above ``write_high_water`` or ``max_in_flight`` handlers are running; a peer
-  that does not read its answers therefore costs at most about ``write_high_water`` plus
-  ``max_in_flight`` answers of memory.  A handler waiting for the peer's answer to a
-  broker-initiated request is bounded by its own timeout, even while reading is paused.
+* Backpressure: a server connection stops reading, and stops starting handlers, while its
+  transport's write buffer is above ``write_high_water`` or ``max_in_flight`` handlers are
+  running; a peer that does not read its answers therefore costs at most about
+  ``write_high_water`` plus ``max_in_flight`` answers of memory.  A client connection pauses
+  only for ``max_in_flight``, never for its own write buffer: its writes are requests its
+  caller awaits (bounded by the caller), and if it stopped reading while the server did too,
+  big messages sent while big answers come back would deadlock the connection.  A handler
+  waiting for the peer's answer to a broker-initiated request is bounded by its own timeout,
+  even while reading is paused.
 * A malformed frame loses the framing: the peer gets SYSTEM_ERROR if its opaque was readable,
   then the connection is closed; the server and its other connections carry on.
 * Idle connections (nothing received or sent and no request running for ``idle_timeout``
@@ -67,10 +71,11 @@ from evq.net.protocol import (
     RemotingCommand,
 )
 
+_uvloop_factory: Callable[[], asyncio.AbstractEventLoop] | None
 try:
-    import uvloop
+    from uvloop import new_event_loop as _uvloop_factory
 except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
-    uvloop = None
+    _uvloop_factory = None
 
 log = structlog.get_logger(__name__)
 
@@ -100,6 +105,17 @@ class TransportConfig:
     """Seconds without traffic after which the server closes a connection (Java: 120)."""
     idle_check_interval: float = 10.0
     connect_timeout: float = 3.0
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.write_low_water <= self.write_high_water:
+            raise ValueError(
+                f"write_low_water {self.write_low_water} must be between 0 and "
+                f"write_high_water {self.write_high_water}"
+            )
+        if min(self.max_frame, self.max_in_flight) < 1:
+            raise ValueError("max_frame and max_in_flight must be positive")
+        if min(self.idle_timeout, self.idle_check_interval, self.connect_timeout) <= 0:
+            raise ValueError("timeouts and intervals must be positive")
 
 
 class TransportError(Exception):
@@ -160,7 +176,14 @@ class Connection(asyncio.Protocol):
     broker drops the client's channels there).
     """
 
-    def __init__(self, dispatcher: Dispatcher, config: TransportConfig, clock: Clock) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        config: TransportConfig,
+        clock: Clock,
+        *,
+        pause_on_write: bool,
+    ) -> None:
         self.id = next(_connection_ids)
         self.peer = "?"
         self.local = "?"
@@ -174,6 +197,7 @@ class Connection(asyncio.Protocol):
         self._close_callbacks: list[CloseCallback] = []
         self._transport: asyncio.Transport | None = None
         self._closed = asyncio.get_running_loop().create_future()
+        self._pause_on_write = pause_on_write
         self._writing_paused = False
         self._stopped = False  # no more requests taken: shutting down or framing lost
         self._reading = True
@@ -311,7 +335,7 @@ class Connection(asyncio.Protocol):
     def _may_take(self) -> bool:
         return (
             not self._stopped
-            and not self._writing_paused
+            and not (self._writing_paused and self._pause_on_write)
             and len(self._tasks) < self._config.max_in_flight
         )
 
@@ -464,7 +488,7 @@ class RemotingServer:
         await self.shutdown()
 
     def _new_connection(self) -> Connection:
-        conn = Connection(self.dispatcher, self.config, self._clock)
+        conn = Connection(self.dispatcher, self.config, self._clock, pause_on_write=True)
         self._connections.add(conn)
         conn.add_close_callback(self._connections.discard)
         return conn
@@ -536,7 +560,9 @@ class RemotingClient:
         try:
             async with asyncio.timeout(self.config.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(self.dispatcher, self.config, self._clock),
+                    lambda: Connection(
+                        self.dispatcher, self.config, self._clock, pause_on_write=False
+                    ),
                     self.host,
                     self.port,
                 )
@@ -547,7 +573,7 @@ class RemotingClient:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when it is installed (several times asyncio's throughput), else asyncio's."""
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    return _uvloop_factory() if _uvloop_factory is not None else asyncio.new_event_loop()
 
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:

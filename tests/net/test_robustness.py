@@ -43,18 +43,17 @@ def fuzz_payload(rng: random.Random) -> bytes:
         frame = _valid(rng)
         return frame[: rng.randint(1, len(frame) - 1)]
     if kind == 2:
-        frame = bytearray(_valid(rng))
+        corrupt = bytearray(_valid(rng))
         for _ in range(rng.randint(1, 6)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
-        return bytes(frame)
+            corrupt[rng.randrange(len(corrupt))] = rng.randrange(256)
+        return bytes(corrupt)
     if kind == 3:
-        header = b'{"code":10,"opaque":%d}' % rng.randint(0, 1000)
-        return struct.pack(">ii", MAX_FRAME + rng.randint(0, 2**30), len(header)) + header
+        oversize = b'{"code":10,"opaque":%d}' % rng.randint(0, 1000)
+        return struct.pack(">ii", MAX_FRAME + rng.randint(0, 2**30), len(oversize)) + oversize
     if kind == 4:
-        value = rng.choice([[], {}, None, 1.5, "x", True, [1, {"a": 2}]])
+        value: object = rng.choice([[], {}, None, 1.5, "x", True, [1, {"a": 2}]])
         key = rng.choice(["code", "opaque", "flag", "extFields", "remark", "language"])
-        header = {"code": 10, "opaque": 1, key: value}
-        return _with_header(json.dumps(header).encode())
+        return _with_header(json.dumps({"code": 10, "opaque": 1, key: value}).encode())
     if kind == 5:
         return _with_header(b"{}", kind=rng.randint(2, 255))
     if kind == 6:

@@ -25,6 +25,7 @@ from evq.net.transport import (
     RemotingClient,
     RemotingServer,
     RequestTimeout,
+    TransportConfig,
 )
 from tests.net.harness import (
     ECHO,
@@ -249,7 +250,7 @@ async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> No
         assert handled < requests
         stalled_at = handled
 
-        opaques = []
+        opaques: list[int] = []
         while len(opaques) < requests:  # reading resumes the server: every answer arrives
             answer = await peer.receive()
             assert answer is not None
@@ -258,6 +259,31 @@ async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> No
         assert sorted(opaques) == list(range(1, requests + 1))
         assert peak + answer_size <= bound
         assert stalled_at < handled == requests
+
+
+async def test_heavy_traffic_both_ways_on_one_connection_does_not_deadlock() -> None:
+    # A client process shares one connection per broker between producing big messages and
+    # pulling big answers: both write buffers run high at once, and neither side may stop
+    # reading for good.
+    size = 1024 * 1024
+    async with serving(
+        {ECHO: echo}, write_high_water=64 * 1024, write_low_water=16 * 1024
+    ) as server, client_of(server) as client:
+        answers = await asyncio.gather(*(
+            client.invoke(RemotingCommand.request(ECHO, {"i": i}, bytes([i]) * size), TIMEOUT)
+            for i in range(64)
+        ))
+        assert [(a.ext_fields["i"], a.body[:1], len(a.body)) for a in answers] == [
+            (str(i), bytes([i]), size) for i in range(64)]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"write_low_water": 2, "write_high_water": 1}, {"max_in_flight": 0}, {"idle_timeout": 0}],
+)
+def test_config_refuses_inconsistent_limits(limits: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        TransportConfig(**limits)  # type: ignore[arg-type]
 
 
 async def test_in_flight_cap_per_connection() -> None:
