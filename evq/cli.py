@@ -30,6 +30,7 @@ from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.domain.log import FlushMode
 
 if TYPE_CHECKING:
+    from evq.net.broker import BrokerServer
     from evq.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -254,12 +255,62 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
     async def serve(stop: asyncio.Event) -> int:
         server = BrokerServer(settings)
-        await server.start()
-        print(f"{PROG} broker listening on {server.address} "
-              f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir})",
-              flush=True)
+        await _start_broker(server, settings)
         await stop.wait()
         await server.shutdown()
+        return 0
+
+    return run_until_signal(serve)
+
+
+async def _start_broker(server: BrokerServer, settings: Settings) -> None:
+    try:
+        await server.start()
+    except OSError as exc:
+        raise _cannot_listen(settings.net.host, settings.net.listen_port, exc) from exc
+    print(f"{PROG} broker listening on {server.address} "
+          f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir})",
+          flush=True)
+
+
+# --- evq serve -------------------------------------------------------------------------------
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "serve", help="run a name server and a broker in one process",
+        description="A name server and a broker in one process on the embedded default "
+                    "(mmap store in ./evq-data, 127.0.0.1): point RocketMQ clients at "
+                    "127.0.0.1:9876.")
+    _broker_flags(p)
+    p.add_argument("--namesrv-port", type=_port, default=9876,
+                   help="name server port, 0 for any free one (default: 9876)")
+    p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from evq.net.broker import BrokerServer
+    from evq.net.namesrv import NameServer
+    from evq.net.transport import run_until_signal
+
+    host = args.host or "127.0.0.1"
+
+    async def serve(stop: asyncio.Event) -> int:
+        namesrv = NameServer(host, args.namesrv_port)
+        try:
+            await namesrv.start()
+        except OSError as exc:
+            raise _cannot_listen(host, args.namesrv_port, exc) from exc
+        print(f"{PROG} namesrv listening on {namesrv.address}", flush=True)
+        args.namesrv_addr = namesrv.address
+        settings = _broker_settings(args)
+        server = BrokerServer(settings)
+        try:
+            await _start_broker(server, settings)
+            await stop.wait()
+            await server.shutdown()
+        finally:
+            await namesrv.shutdown()
         return 0
 
     return run_until_signal(serve)
@@ -284,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_namesrv(commands)
     _add_bench(commands)
     _add_broker(commands)
+    _add_serve(commands)
     return parser
 
 

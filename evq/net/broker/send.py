@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import zlib
 
+from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.broker import SendResult
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.log import PutStatus
-from evq.domain.message import Message, decode_properties
+from evq.domain.message import COMPRESS_OVER, Message, decode_properties
 from evq.domain.record import RecordError, decode_batch
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
@@ -44,13 +46,19 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
     if batch:
         if len(topic) > tp.MAX_TOPIC_LENGTH:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
+        body = h.body
         try:
-            entries = decode_batch(h.body)
-        except RecordError as exc:
+            if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
+                body = zlib.decompress(body)
+            entries = decode_batch(body)
+        except (RecordError, zlib.error) as exc:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
-        return [Message(topic=topic, body=e.body, flag=e.flag, properties=e.properties,
-                        queue_id=queue_id, sysflag=sysflag, born_timestamp=born_ts,
-                        born_host=born_host, reconsume_times=reconsume) for e in entries]
+        # Each stored record carries its own compression flag, as a single send would.
+        return [Message(topic=topic, body=zlib.compress(e.body, 5) if big else e.body,
+                        flag=e.flag, properties=e.properties, queue_id=queue_id,
+                        sysflag=(sysflag & ~sf.COMPRESSED) | (sf.COMPRESSED if big else 0),
+                        born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
+                for e in entries for big in (len(e.body) >= COMPRESS_OVER,)]
     props = decode_properties(h.get_str("properties", ""))
     return [Message(topic=topic, body=h.body, flag=flag, properties=props, queue_id=queue_id,
                     sysflag=sysflag, born_timestamp=born_ts, born_host=born_host,

@@ -26,6 +26,8 @@ from evq.net.broker.context import BrokerContext
 from evq.net.codes import RequestCode
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
+from evq.net.register_broker import BrokerIdentity
+from evq.net.registration import BrokerRegistrar
 from evq.net.transport import Connection, Dispatcher, RemotingServer, TransportConfig
 from evq.settings import Settings
 
@@ -69,6 +71,7 @@ class BrokerServer:
         self.server = RemotingServer(settings.net.host, settings.net.listen_port,
                                      self._dispatcher, config=transport, clock=clock)
         self.ctx: BrokerContext | None = None
+        self.registrar: BrokerRegistrar | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
 
@@ -104,6 +107,18 @@ class BrokerServer:
                 self._dispatcher.register(code, handler)
         self.ctx = ctx
         self._tasks.append(loop.create_task(self._scan_members()))
+        if s.net.namesrv_list:
+            # Registered at once rather than RocketMQ's 10 s in: a client started with the
+            # broker would otherwise find no route for its first sends.
+            self.registrar = BrokerRegistrar(
+                s.net.namesrv_list,
+                BrokerIdentity(cluster=s.broker.broker_cluster_name,
+                               broker_name=s.broker.broker_name, broker_id=s.broker.broker_id,
+                               broker_addr=self.address,
+                               ha_server_addr=f"{s.net.host}:{s.net.ha_port}"),
+                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0)
+            ctx.topics_changed = self.registrar.register_now
+            await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
                  data=s.net.store_path_root_dir, role=s.broker.broker_role.value)
 
@@ -119,6 +134,8 @@ class BrokerServer:
             clients.notify_ids_changed(self.ctx, expired.groups)
 
     async def shutdown(self, grace: float = 10.0) -> None:
+        if self.registrar is not None:
+            await self.registrar.shutdown()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,154 @@
+"""Drive the stock RocketMQ C++ client (PyPI ``rocketmq`` 0.4.4) in a child process.
+
+The C++ library runs its own threads and may abort on protocol surprises, so the tests never
+load it into the pytest process: they run this module and read one JSON object per line.
+
+    python -m tests.compat.stock_client produce NAMESRV TOPIC MODE COUNT
+    python -m tests.compat.stock_client consume NAMESRV TOPIC GROUP MODEL ORDERLY FAIL SECONDS
+    python -m tests.compat.stock_client pull NAMESRV TOPIC GROUP
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rocketmq.client import (  # type: ignore[import-untyped]
+    Message,
+    MessageModel,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    RecvMessage,
+)
+
+BIG = 5000  # bytes: the client compresses bodies over 4 KiB
+_out = threading.Lock()
+
+
+def emit(obj: dict[str, Any]) -> None:
+    with _out:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+def body_of(i: int) -> bytes:
+    text = f"msg {i} ünïcødé 消息"
+    return (text * (BIG // len(text) + 1)).encode() if i % 5 == 0 else text.encode()
+
+
+def message(topic: str, i: int) -> Message:
+    m = Message(topic)
+    m.set_tags(f"T{i % 3}")
+    m.set_keys(f"k{i}")
+    m.set_property("seq", str(i))
+    m.set_body(body_of(i))
+    return m
+
+
+def text(value: str | bytes | None) -> str | None:
+    """The wrapper hands some fields back as bytes, some as str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def received(msg: RecvMessage) -> dict[str, Any]:
+    seq = text(msg.get_property("seq"))
+    return {"topic": text(msg.topic), "tags": text(msg.tags), "keys": text(msg.keys),
+            "queue": msg.queue_id, "offset": msg.queue_offset,
+            "reconsume": msg.reconsume_times, "seq": seq,
+            "body_ok": msg.body == body_of(int(seq or -1))}
+
+
+def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
+    producer = Producer(f"PG-{mode}", timeout=5000)
+    producer.set_namesrv_addr(namesrv)
+    producer.start()
+    done = threading.Semaphore(0)
+    try:
+        if mode == "batch":
+            r = producer.send_batch([message(topic, i) for i in range(count)])
+            emit({"i": -1, "status": r.status.name, "msg_id": r.msg_id, "offset": r.offset})
+        for i in range(count if mode != "batch" else 0):
+            m = message(topic, i)
+            if mode == "sync":
+                r = producer.send_sync(m)
+            elif mode == "orderly":
+                r = producer.send_orderly(m, i % 2)
+            elif mode == "oneway":
+                producer.send_oneway(m)
+                emit({"i": i, "status": "ONEWAY"})
+                continue
+            else:
+                def ok(r: Any, i: int = i) -> None:
+                    emit({"i": i, "status": r.status.name, "msg_id": r.msg_id,
+                          "offset": r.offset})
+                    done.release()
+
+                def failed(exc: Exception, i: int = i) -> None:
+                    emit({"i": i, "status": "EXCEPTION", "error": str(exc)})
+                    done.release()
+
+                producer.send_async(m, ok, failed)
+                continue
+            emit({"i": i, "status": r.status.name, "msg_id": r.msg_id, "offset": r.offset})
+        if mode == "async":
+            for _ in range(count):
+                done.acquire(timeout=10)
+    finally:
+        producer.shutdown()
+
+
+def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fail: bool,
+            seconds: float) -> None:
+    consumer = PushConsumer(group, orderly=orderly, message_model=(
+        MessageModel.BROADCASTING if model == "broadcasting" else MessageModel.CLUSTERING))
+    consumer.set_namesrv_addr(namesrv)
+    failed: set[str] = set()
+
+    def on_message(msg: RecvMessage) -> None:
+        """Returning consumes the message; raising asks for it again later (the wrapper's
+        only way to answer RECONSUME_LATER)."""
+        seq = text(msg.get_property("seq"))
+        if fail and seq == "0" and seq not in failed:
+            failed.add(seq)
+            emit({"failed": seq})
+            raise RuntimeError("failing message 0 once, on purpose")
+        emit(received(msg))
+
+    consumer.subscribe(topic, on_message)
+    consumer.start()
+    emit({"started": True})
+    time.sleep(seconds)
+    consumer.shutdown()
+
+
+def pull(namesrv: str, topic: str, group: str) -> None:
+    consumer = PullConsumer(group)
+    consumer.set_namesrv_addr(namesrv)
+    consumer.start()
+    try:
+        for msg in consumer.pull(topic):
+            emit(received(msg))
+    finally:
+        consumer.shutdown()
+
+
+def main(argv: list[str]) -> None:
+    action, namesrv, topic, *rest = argv
+    if action == "produce":
+        produce(namesrv, topic, rest[0], int(rest[1]))
+    elif action == "consume":
+        group, model, orderly, fail, seconds = rest
+        consume(namesrv, topic, group, model, orderly == "1", fail == "1", float(seconds))
+    elif action == "pull":
+        pull(namesrv, topic, rest[0])
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+    emit({"done": True})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
