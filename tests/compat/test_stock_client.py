@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.compat.conftest import Served, stock
+from tests.compat.conftest import Served, collect, start_stock, stock
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "orderly"])
@@ -27,3 +29,55 @@ def test_stock_batch_and_oneway(served: Served) -> None:
     stock("produce", served.namesrv, "T_batch", "oneway", "3")
     got = stock("pull", served.namesrv, "T_batch", "G_b")
     assert sorted(int(m["seq"]) for m in got) == [0, 0, 1, 1, 2, 2, 3, 4]
+
+
+def _consumed(lines: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [m for m in lines if "seq" in m]
+
+
+def test_clustering_group_splits_queues_and_delivers_each_message_once(served: Served) -> None:
+    stock("produce", served.namesrv, "T_cl", "sync", "1")  # creates the topic
+    members = [start_stock("consume", served.namesrv, "T_cl", "G_cl", "clustering", "0", "0",
+                           "25") for _ in range(2)]
+    time.sleep(12)  # both joined and rebalanced (C++ rebalances every 10 s and on notify)
+    stock("produce", served.namesrv, "T_cl", "sync", "40")
+    got = [_consumed(collect(p)) for p in members]
+    seqs = sorted(int(m["seq"]) for lines in got for m in lines)  # type: ignore[call-overload]
+    assert seqs.count(0) >= 1 and sorted(set(seqs)) == list(range(40)), seqs
+    assert len(seqs) - len(set(seqs)) <= 1  # the first message may be seen before the split
+    assert all(lines for lines in got), "both members consumed"
+    queues = [{m["queue"] for m in lines} for lines in got]
+    assert not queues[0] & queues[1]
+
+
+def test_broadcasting_members_each_get_everything(served: Served) -> None:
+    stock("produce", served.namesrv, "T_bc", "sync", "1")
+    members = [start_stock("consume", served.namesrv, "T_bc", "G_bc", "broadcasting", "0",
+                           "0", "15") for _ in range(2)]
+    time.sleep(6)
+    stock("produce", served.namesrv, "T_bc", "sync", "10")
+    for proc in members:
+        seqs = {int(m["seq"]) for m in _consumed(collect(proc))}  # type: ignore[call-overload]
+        assert set(range(10)) <= seqs
+
+
+def test_orderly_consumer_keeps_queue_order(served: Served) -> None:
+    stock("produce", served.namesrv, "T_or", "orderly", "1")
+    proc = start_stock("consume", served.namesrv, "T_or", "G_or", "clustering", "1", "0", "15")
+    time.sleep(5)
+    stock("produce", served.namesrv, "T_or", "orderly", "20")
+    lines = _consumed(collect(proc))
+    per_queue: dict[object, list[int]] = {}
+    for m in lines:
+        per_queue.setdefault(m["queue"], []).append(int(m["offset"]))  # type: ignore[call-overload]
+    assert per_queue and all(offs == sorted(offs) for offs in per_queue.values())
+    assert {int(m["seq"]) for m in lines} >= set(range(20))  # type: ignore[call-overload]
+
+
+def test_a_failed_message_comes_back_through_the_retry_topic(served: Served) -> None:
+    stock("produce", served.namesrv, "T_rt", "sync", "1")
+    proc = start_stock("consume", served.namesrv, "T_rt", "G_rt", "clustering", "0", "1", "30")
+    lines = collect(proc)
+    assert {"failed": "0"} in lines
+    again = [m for m in _consumed(lines) if m["seq"] == "0"]
+    assert again and again[0]["reconsume"] == 1 and again[0]["topic"] == "T_rt", lines
