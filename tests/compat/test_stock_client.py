@@ -81,3 +81,16 @@ def test_a_failed_message_comes_back_through_the_retry_topic(served: Served) -> 
     assert {"failed": "0"} in lines
     again = [m for m in _consumed(lines) if m["seq"] == "0"]
     assert again and again[0]["reconsume"] == 1 and again[0]["topic"] == "T_rt", lines
+
+
+def test_rebalance_gives_a_leaving_members_queues_to_the_rest(served: Served) -> None:
+    stock("produce", served.namesrv, "T_rb", "sync", "1")
+    leaving = start_stock("consume", served.namesrv, "T_rb", "G_rb", "clustering", "0", "0",
+                          "12")
+    staying = start_stock("consume", served.namesrv, "T_rb", "G_rb", "clustering", "0", "0",
+                          "40")
+    collect(leaving)  # shut down cleanly: UNREGISTER_CLIENT, then the broker notifies
+    time.sleep(12)  # the remaining member rebalances (on notify, at the latest in 10 s)
+    stock("produce", served.namesrv, "T_rb", "sync", "20")
+    seqs = {int(m["seq"]) for m in _consumed(collect(staying))}  # type: ignore[call-overload]
+    assert set(range(20)) <= seqs
