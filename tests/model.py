@@ -63,8 +63,10 @@ class LogModel:
         return self.last_store_ts
 
     def restarted(self) -> None:
-        """A reopened log remembers store times only through the records it holds."""
-        self.last_store_ts = self.records[-1].message.store_timestamp if self.records else 0
+        """A reopened log remembers store times only through the records it still holds
+        (expiry may have deleted every one)."""
+        live = [r for r in self.records if r.phys >= self.min_phys]
+        self.last_store_ts = live[-1].message.store_timestamp if live else 0
 
     def append(
         self, message: Message, size: int, index_keys: tuple[str, ...], tags_code: int, now: int
