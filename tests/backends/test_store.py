@@ -1175,7 +1175,7 @@ def test_a_closed_log_refuses_use(open_log: OpenLog) -> None:
 @pytest.fixture
 def mmap_only(backend: str) -> None:
     if backend != "mmap":
-        pytest.skip("mmap file layout")
+        pytest.skip(f"checks the mmap backend's own files; {backend} keeps none of that layout")
 
 
 @pytest.mark.usefixtures("mmap_only")
