@@ -8,6 +8,7 @@ the conformance suite skips a case with a reason instead of leaving a backend ou
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 
@@ -31,17 +32,30 @@ def _open_mmap(
                                background=background)
 
 
-def _open_memory(
-    path: str | os.PathLike[str], config: StoreConfig, *, clock: Clock, tags_code_fn: TagsCodeFn,
-    background: bool,
-) -> MessageLog:
-    from evq.backends.memory import open_memory_log
+def _keyed(module: str, driver: str) -> Opener:
+    """An opener of the key-value log on ``module.driver``, imported on first use (a driver
+    library loads only when its backend is chosen)."""
 
-    return open_memory_log(path, config, clock=clock, tags_code_fn=tags_code_fn,
-                           background=background)
+    def open_keyed(
+        path: str | os.PathLike[str], config: StoreConfig, *, clock: Clock,
+        tags_code_fn: TagsCodeFn, background: bool,
+    ) -> MessageLog:
+        from evq.backends.kvlog.store import KeyedMessageLog
+
+        return KeyedMessageLog.open(
+            path, config, driver=getattr(importlib.import_module(module), driver), clock=clock,
+            tags_code_fn=tags_code_fn, background=background,
+        )
+
+    return open_keyed
 
 
-BACKENDS: dict[str, Opener] = {"mmap": _open_mmap, "memory": _open_memory}
+BACKENDS: dict[str, Opener] = {
+    "mmap": _open_mmap,
+    "lmdb": _keyed("evq.backends.lmdb", "LmdbDriver"),
+    "rocks": _keyed("evq.backends.rocks", "RocksDriver"),
+    "memory": _keyed("evq.backends.memory", "MemoryDriver"),
+}
 DEFAULT_BACKEND = "mmap"
 
 
@@ -57,6 +71,8 @@ class BackendTraits:
 
 TRAITS: dict[str, BackendTraits] = {
     "mmap": BackendTraits(persistent=True, file_tail=True),
+    "lmdb": BackendTraits(persistent=True, file_tail=False),
+    "rocks": BackendTraits(persistent=True, file_tail=False),
     "memory": BackendTraits(persistent=False, file_tail=False),
 }
 
