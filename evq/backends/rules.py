@@ -170,7 +170,7 @@ def read_queue(
     last_phys = -1
     qo = offset
     chunk = max(max_count, 32)  # most pulls are satisfied by the first few entries
-    while scanned < scan_limit and qo < hi:
+    while scanned < scan_limit and qo < hi and len(records) < max_count:
         got = entries(qo, min(chunk, scan_limit - scanned, hi - qo))
         chunk = scan_limit
         if not got:

@@ -45,6 +45,11 @@ class Batch(abc.ABC):
     @abc.abstractmethod
     def put(self, table: Table, key: bytes, value: bytes | bytearray) -> None: ...
 
+    def append(self, table: Table, key: bytes, value: bytes | bytearray) -> None:
+        """Put a key known to sort after every key of ``table`` (log rows): a B-tree can fill
+        its pages instead of splitting them half-empty."""
+        self.put(table, key, value)
+
     @abc.abstractmethod
     def delete(self, table: Table, key: bytes) -> None: ...
 

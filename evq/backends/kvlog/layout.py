@@ -66,12 +66,19 @@ LOG_KEY_END = b"\xff" * 9  # sorts after every 8-byte log key
 MAX_TIME = 2**63 - 1
 
 
-class Table(enum.Enum):
-    LOG = "log"
-    QUEUE = "queue"
-    INDEX = "index"
-    QUEUES = "queues"
-    META = "meta"
+class Table(enum.IntEnum):
+    """The tables; :attr:`label` names the LMDB sub-database / RocksDB column family.  An
+    IntEnum because a table is a dict key on every put, and ``Enum`` hashes in Python code."""
+
+    LOG = 0
+    QUEUE = 1
+    INDEX = 2
+    QUEUES = 3
+    META = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 def log_key(phys: int) -> bytes:

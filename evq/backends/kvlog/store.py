@@ -243,7 +243,7 @@ class KeyedMessageLog(MessageLog):
                     nexts[key] = qo + 1
                 rec.OFFSETS.pack_into(buf, rec.QUEUE_OFFSET_AT, max(qo, 0), phys)
                 rules.stamp_store_fields(buf, 0, flags, now, host)
-                put(Table.LOG, lay.log_key(phys), buf)
+                batch.append(Table.LOG, lay.log_key(phys), buf)
                 if qo >= 0:
                     prefix = self._prefix(r.topic, r.queue_id)
                     put(Table.QUEUE, prefix + lay.U64.pack(qo),
@@ -277,21 +277,27 @@ class KeyedMessageLog(MessageLog):
         """Add the queue rows and the meta row to ``batch``, write it, then mirror it in
         memory (only then: a failed write leaves the mirror as the store is)."""
         new_min = self._min if log_min is None else log_min
-        rows: dict[tuple[str, int], QueueState] = {}
-        for key in nexts.keys() | mins.keys():
-            st = self._queues.get(key)
-            if st is None:
-                st = QueueState(lay.queue_prefix(*key), mins.get(key, 0), 0)
-            row = QueueState(st.prefix, mins.get(key, st.min), nexts.get(key, st.next))
-            batch.put(Table.QUEUES, row.prefix, lay.QUEUE_ROW.pack(row.min, row.next))
-            rows[key] = row
+        queues = self._queues
+        rows: list[tuple[tuple[str, int], int, int]] = []
+        for key in nexts.keys() | mins.keys() if mins else nexts:
+            st = queues.get(key)
+            lo = mins.get(key, st.min if st is not None else 0)
+            nxt = nexts.get(key, st.next if st is not None else 0)
+            prefix = st.prefix if st is not None else lay.queue_prefix(*key)
+            batch.put(Table.QUEUES, prefix, lay.QUEUE_ROW.pack(lo, nxt))
+            rows.append((key, lo, nxt))
         batch.put(Table.META, lay.STATE_KEY, lay.STATE.pack(end, new_min, *index_last))
         assert self._driver is not None
         self._driver.write(batch)
         self._end = end
         self._min = new_min
         self._index_last = index_last
-        self._queues.update(rows)
+        for key, lo, nxt in rows:
+            st = queues.get(key)
+            if st is None:
+                queues[key] = QueueState(lay.queue_prefix(*key), lo, nxt)
+            else:
+                st.min, st.next = lo, nxt
 
     def wait_durable(self, end_offset: int, timeout: float) -> bool:
         return self._running_flusher().wait(end_offset, timeout)
@@ -387,12 +393,9 @@ class KeyedMessageLog(MessageLog):
         ts, phys = self._index_last
         return KeyQueryResult(records, offsets, ts, phys)
 
-    def _entry_time(self, topic: str, queue_id: int, offset: int) -> int:
-        st = self._queues.get((topic, queue_id))
-        if st is None or not st.min <= offset < st.next:
-            return -1
-        with self._reader() as r:
-            v = r.get(Table.QUEUE, st.prefix + lay.U64.pack(offset))
+    def _entry_time(self, r: Reader, st: QueueState, offset: int) -> int:
+        """Store time of a queue's entry (kept in the entry: no log read); -1 if none."""
+        v = r.get(Table.QUEUE, st.prefix + lay.U64.pack(offset))
         if v is None:
             return -1
         phys, _, _, ts = lay.QUEUE_ENTRY.unpack(v)
@@ -400,14 +403,18 @@ class KeyedMessageLog(MessageLog):
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         st = self._queues.get((topic, queue_id))
-        if st is None:
-            return 0
-        return rules.first_at_or_after(
-            st.min, st.next, timestamp_ms, lambda qo: self._entry_time(topic, queue_id, qo)
-        )
+        with self._reader() as r:
+            if st is None:
+                return 0
+            return rules.first_at_or_after(st.min, st.next, timestamp_ms,
+                                           lambda qo: self._entry_time(r, st, qo))
 
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
-        return self._entry_time(topic, queue_id, offset)
+        st = self._queues.get((topic, queue_id))
+        with self._reader() as r:
+            if st is None or not st.min <= offset < st.next:
+                return -1
+            return self._entry_time(r, st, offset)
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         st = self._queues.get((topic, queue_id))
@@ -493,7 +500,7 @@ class KeyedMessageLog(MessageLog):
                         broken = True
                         break
                     raw = bytes(buf[used : used + size])
-                    batch.put(Table.LOG, lay.log_key(phys), raw)
+                    batch.append(Table.LOG, lay.log_key(phys), raw)
                     d, index_last = self._dispatch_fields(batch, f, phys, nexts, mins,
                                                           index_last)
                     if d is not None:

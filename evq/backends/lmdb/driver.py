@@ -84,6 +84,9 @@ class LmdbBatch(Batch):
     def put(self, table: Table, key: bytes, value: bytes | bytearray) -> None:
         self.ops.append((0, table, key, value))
 
+    def append(self, table: Table, key: bytes, value: bytes | bytearray) -> None:
+        self.ops.append((3, table, key, value))
+
     def delete(self, table: Table, key: bytes) -> None:
         self.ops.append((1, table, key, b""))
 
@@ -95,14 +98,14 @@ class LmdbDriver(Driver):
     def __init__(self, env: lmdb.Environment):
         self._env = env
         with _lmdb_errors():
-            self._dbs = {t: env.open_db(t.value.encode()) for t in Table}
+            self._dbs = {t: env.open_db(t.label.encode()) for t in Table}
 
     @classmethod
     def open(cls, root: Path) -> LmdbDriver:
         with _lmdb_errors():
             env = lmdb.open(
                 str(root / "lmdb"), map_size=MAP_SIZE, max_dbs=len(Table), subdir=True,
-                sync=False, metasync=False, readahead=False, max_readers=MAX_READERS,
+                sync=False, metasync=False, max_readers=MAX_READERS,
             )
         return cls(env)
 
@@ -122,6 +125,9 @@ class LmdbDriver(Driver):
             for op, table, a, b in batch.ops:
                 if op == 0:
                     put(a, b, db=dbs[table])
+                elif op == 3:  # MDB_APPEND: full pages; refused (False) if not the last key
+                    if not put(a, b, db=dbs[table], append=True):
+                        put(a, b, db=dbs[table])
                 elif op == 1:
                     txn.delete(a, db=dbs[table])
                 else:

@@ -1,56 +1,48 @@
 """The in-memory key-value driver: the reference backend's storage, plain sorted tables.
 
-Each table is a dict of rows plus a sorted list of its keys (bisect for range reads; keys
-mostly arrive in order, so most inserts are appends).  The tables of a store directory live
-in a process-wide volume keyed by the directory's resolved path, so a store closed and opened
-again within one process finds its data, as a disk would keep it; nothing survives the
-process.  No file is created.  One lock serializes writers and readers: a reader copies the
-rows it asked for, so its view is consistent for the call that made it.
+Each table is a ``SortedDict`` of rows (``sortedcontainers``), so range reads walk keys in
+order and an insert anywhere (index keys arrive in no order) stays cheap.  The tables of a
+store directory live in a process-wide volume keyed by the directory's resolved path, so a
+store closed and opened again within one process finds its data, as a disk would keep it;
+nothing survives the process.  No file is created.  One lock serializes writers and readers:
+a reader copies the rows it asked for, so its view is consistent for the call that made it.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+from sortedcontainers import SortedDict
 
 from evq.backends.kvlog.driver import Batch, Driver, Reader, Row
 from evq.backends.kvlog.layout import Table
 from evq.domain.log import LogLocked
 
 
-@attrs.define(slots=True)
 class SortedTable:
-    rows: dict[bytes, bytes] = attrs.field(factory=dict)
-    keys: list[bytes] = attrs.field(factory=list)
+    """Rows in key order (a ``SortedDict``: inserts anywhere cost O(log n), not a list move)."""
+
+    def __init__(self) -> None:
+        self.rows: SortedDict = SortedDict()
 
     def put(self, key: bytes, value: bytes) -> None:
-        if key not in self.rows:
-            keys = self.keys
-            if not keys or key > keys[-1]:
-                keys.append(key)
-            else:
-                bisect.insort(keys, key)
         self.rows[key] = value
 
     def delete(self, key: bytes) -> None:
-        if self.rows.pop(key, None) is not None:
-            del self.keys[bisect.bisect_left(self.keys, key)]
+        self.rows.pop(key, None)
 
     def delete_range(self, start: bytes, stop: bytes) -> None:
-        i, j = bisect.bisect_left(self.keys, start), bisect.bisect_left(self.keys, stop)
-        for key in self.keys[i:j]:
+        for key in list(self.rows.irange(start, stop, inclusive=(True, False))):
             del self.rows[key]
-        del self.keys[i:j]
 
     def scan(self, start: bytes, stop: bytes, limit: int, *, back: bool) -> list[Row]:
-        i, j = bisect.bisect_left(self.keys, start), bisect.bisect_left(self.keys, stop)
-        keys = self.keys[max(i, j - limit) : j][::-1] if back else self.keys[i : min(j, i + limit)]
-        return [(k, self.rows[k]) for k in keys]
+        keys = self.rows.irange(start, stop, inclusive=(True, False), reverse=back)
+        return [(k, self.rows[k]) for k in itertools.islice(keys, limit)]
 
 
 @attrs.define(slots=True)

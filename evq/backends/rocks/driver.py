@@ -32,12 +32,20 @@ from pathlib import Path
 
 import rocksdict
 
-from evq.backends.kvlog.driver import Batch, Driver, Reader, Row, translated
+from evq.backends.kvlog.driver import Batch, Driver, DriverError, Reader, Row
 from evq.backends.kvlog.layout import Table
 
 
-def _rocks_errors() -> contextlib.AbstractContextManager[None]:
-    return translated(Exception, "RocksDB")
+@contextlib.contextmanager
+def _rocks_errors() -> Iterator[None]:
+    """rocksdict raises a bare ``Exception`` for a RocksDB status, or DbClosedError: those
+    become DriverError.  Any other exception is a bug here and propagates as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if type(exc) is Exception or isinstance(exc, rocksdict.DbClosedError):
+            raise DriverError(f"RocksDB: {exc}") from exc
+        raise
 
 
 def _options() -> rocksdict.Options:
@@ -104,8 +112,8 @@ class RocksDriver(Driver):
     def __init__(self, db: rocksdict.Rdict):
         self._db = db
         with _rocks_errors():
-            self._handles = {t: db.get_column_family_handle(t.value) for t in Table}
-            self._cfs = {t: db.get_column_family(t.value) for t in Table}
+            self._handles = {t: db.get_column_family_handle(t.label) for t in Table}
+            self._cfs = {t: db.get_column_family(t.label) for t in Table}
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.sync = False
 
@@ -114,7 +122,7 @@ class RocksDriver(Driver):
         with _rocks_errors():
             db = rocksdict.Rdict(
                 str(root / "rocks"), options=_options(),
-                column_families={t.value: _options() for t in Table},
+                column_families={t.label: _options() for t in Table},
             )
         return cls(db)
 
