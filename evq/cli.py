@@ -314,6 +314,83 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
 
     return run_until_signal(serve)
+# --- evq bench backends ---------------------------------------------------------------------
+
+
+def _backend_list(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _add_bench_backends(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from evq.backends.registry import BACKENDS
+
+    p = bench.add_parser(
+        "backends",
+        help="the same workload on every store backend, compared",
+        description=(
+            "Run one workload on every backend, one after another: appends (async and sync, "
+            "1 and --writers writers), reads by queue (hot and cold), key and offset-for-time "
+            "lookups, recovery after SIGKILL, disk bytes per message, and how they change from "
+            "N/10 to N messages.  Writes backends.md and PNG charts to --out."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=100_000,
+                   help="messages per backend, N (default: 100000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--backends", type=_backend_list, default=tuple(sorted(BACKENDS)),
+                   metavar="NAME,...",
+                   help=f"backends to compare (default: {','.join(sorted(BACKENDS))})")
+    p.add_argument("--writers", type=_positive_int, default=16,
+                   help="writer threads of the concurrent append phases (default: 16)")
+    p.add_argument("--sync-messages", type=_positive_int, default=5_000,
+                   help="messages of the SYNC_FLUSH phases, at most N (default: 5000)")
+    p.add_argument("--lookups", type=_positive_int, default=10_000,
+                   help="key and offset-for-time queries each (default: 10000)")
+    p.add_argument("--segment-size", type=_positive_int, default=64 * 1024 * 1024,
+                   metavar="BYTES", help="CommitLog segment size (default: 64 MiB)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the stores (default: a temporary directory)")
+    p.add_argument("--out", type=Path, default=Path("evq-bench-backends"), metavar="DIR",
+                   help="where backends.md and the PNG charts go (default: evq-bench-backends)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object keyed by backend instead of the table")
+    p.set_defaults(handler=_cmd_bench_backends, log_level_default="warning")
+
+
+def _bench_backends_rerun(args: argparse.Namespace) -> str:
+    words = [
+        PROG, "bench", "backends", "--messages", str(args.messages), "--size", str(args.size),
+        "--backends", ",".join(args.backends), "--writers", str(args.writers),
+        "--sync-messages", str(args.sync_messages), "--lookups", str(args.lookups),
+        "--segment-size", str(args.segment_size),
+    ]
+    if args.json:
+        words.append("--json")
+    return shlex.join(words)
+
+
+def _cmd_bench_backends(args: argparse.Namespace) -> int:
+    from evq.bench.backends import BackendsBenchOptions, run_backends_bench, write_report
+
+    try:
+        opts = BackendsBenchOptions(
+            backends=args.backends, messages=args.messages, size=args.size,
+            writers=args.writers, sync_messages=args.sync_messages, lookups=args.lookups,
+            segment_size=args.segment_size, data=args.data,
+            progress=not args.json and sys.stderr.isatty(),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    results = run_backends_bench(opts)
+    rerun = _bench_backends_rerun(args)
+    files = write_report(results, args.out, rerun)
+    if args.json:
+        print(json.dumps({name: r.as_dict() for name, r in results.items()}))
+    else:
+        print(files[0].read_text(), end="")
+        print(f"written: {', '.join(str(f) for f in files)}")
+    return 0
 
 
 # --- the parser and the entry point ---------------------------------------------------------
@@ -323,6 +400,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = commands.add_parser("bench", help="benchmarks", description="Run a benchmark.")
     benches = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     _add_bench_store(benches)
+    _add_bench_backends(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from evq.backends.config import StoreConfig
+from evq.backends.registry import BACKENDS
 from evq.backends.registry import open_log as open_backend
 from evq.domain.clock import Clock, ManualClock
 from evq.domain.log import MessageLog
@@ -49,10 +50,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture
-def backend() -> str:
-    """The backend under test; the conformance suite parametrizes this."""
-    return "mmap"
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test: every store test runs once per registered backend."""
+    return str(request.param)
 
 
 @pytest.fixture

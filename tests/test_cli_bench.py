@@ -1,4 +1,5 @@
-"""Smoke test of ``evq bench store`` as a real subprocess (figures are never judged for speed)."""
+"""Smoke tests of ``evq bench store`` and ``evq bench backends`` as real subprocesses (figures
+are never judged for speed)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,71 @@ def test_bench_store_unknown_backend_names_the_choices() -> None:
     assert len(err.splitlines()) == 1, err
     assert "nope" in err
     assert "mmap" in err  # the valid choices are listed
+
+
+BACKEND_FIGURES = (
+    "append_async_1_msgs_per_s",
+    "append_async_many_msgs_per_s",
+    "append_sync_1_msgs_per_s",
+    "append_sync_many_msgs_per_s",
+    "read_hot_msgs_per_s",
+    "read_cold_msgs_per_s",
+    "key_lookups_per_s",
+    "time_lookups_per_s",
+)
+SCALE_RATIOS = (
+    "append_async_1_msgs_per_s",
+    "read_hot_msgs_per_s",
+    "key_lookups_per_s",
+    "time_lookups_per_s",
+    "disk_bytes_per_msg",
+)
+
+
+def _positive(key: str, value: object) -> None:
+    assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+    assert math.isfinite(value) and value > 0, (key, value)
+
+
+def test_bench_backends_json_is_keyed_by_backend(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = _evq(
+        "bench", "backends", "--messages", "400", "--size", "128", "--sync-messages", "40",
+        "--lookups", "50", "--writers", "4", "--segment-size", "262144", "--json",
+        "--data", str(tmp_path / "scratch"), "--out", str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    result = json.loads(lines[0])
+    assert sorted(result) == ["lmdb", "memory", "mmap", "rocks"]
+    for name, figures in result.items():
+        assert figures["backend"] == name
+        assert (figures["messages"], figures["size"], figures["writers"]) == (400, 128, 4)
+        assert (figures["sync_messages"], figures["scale_messages"]) == (40, 40)
+        assert figures["key_lookup_misses"] == 0
+        assert figures["sync_timeouts"] == 0
+        for key in BACKEND_FIGURES:
+            _positive(f"{name}.{key}", figures[key])
+        assert sorted(figures["scale_ratios"]) == sorted(SCALE_RATIOS)
+        persistent = name != "memory"
+        for key in ("recovery_seconds", "disk_bytes_per_msg"):
+            if persistent:
+                _positive(f"{name}.{key}", figures[key])
+            else:
+                assert figures[key] is None, (name, key)
+        assert (figures["scale_ratios"]["disk_bytes_per_msg"] is None) is not persistent
+    report = (out / "backends.md").read_text()
+    assert "| figure | lmdb | memory | mmap | rocks |" in report
+    assert "evq bench backends --messages 400" in report
+    for chart in ("throughput.png", "recovery_and_disk.png", "scale.png"):
+        assert (out / chart).read_bytes().startswith(b"\x89PNG")
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_bench_backends_unknown_backend_names_the_choices(tmp_path: Path) -> None:
+    proc = _evq("bench", "backends", "--backends", "mmap,nope", "--out", str(tmp_path),
+                timeout=60)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert "nope" in err and "lmdb" in err and "rocks" in err and "memory" in err, err

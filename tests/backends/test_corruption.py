@@ -1,10 +1,14 @@
 """Damage the log tail on disk, reopen: recovery must cut at the first damaged record.
 
-This targets a backend whose log tail lives in files, and damages them through the mmap
-CommitLog layout, ``root/commitlog/<20-digit start offset>`` (fixed-size segments, records
-back to back, zeros after the last one).  The tests take the ``backend`` fixture so a
-conformance run can parametrize them, but a backend without that layout fails the layout check
-in :func:`_segment_file` rather than pass vacuously.
+This targets a backend whose log tail lives in files written in place, and damages them
+through the mmap CommitLog layout, ``root/commitlog/<20-digit start offset>`` (fixed-size
+segments, records back to back, zeros after the last one).  Every test takes the ``backend``
+fixture and skips, with the reason, a backend that has no such tail (``TRAITS[..].file_tail``):
+LMDB commits copy-on-write pages and switches a meta page last, RocksDB appends checksummed
+write-ahead-log records and replays only whole ones, so neither ever shows a torn or damaged
+tail to recover from (their own recovery is what the SIGKILL rounds of test_crash.py prove);
+the memory backend has no files at all.  A file-tail backend without mmap's layout would fail
+the layout check in :func:`_segment_file` rather than pass vacuously.
 
 Every example writes a few segments of messages through the port, closes the store, damages the
 last segment, and reopens, either normally or as after a crash (``abort`` marker left, with the
@@ -50,6 +54,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from evq.backends.mmapfile.mapped_file import segment_name
+from evq.backends.registry import TRAITS
 from evq.domain import record as rec
 from evq.domain.log import GetStatus, MessageLog, PutStatus
 from evq.domain.message import Prop, new_message
@@ -65,6 +70,13 @@ EXAMPLES = settings(
     max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 RECOVERY = ("normal", "abort", "abort+zeroed-checkpoint")
+
+
+@pytest.fixture(autouse=True)
+def file_tail_only(backend: str) -> None:
+    if not TRAITS[backend].file_tail:
+        pytest.skip(f"the {backend} backend has no log tail in files to damage: its writes are "
+                    "atomic (see the module docstring)")
 
 
 @attrs.frozen

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from evq.backends.mmapfile.mapped_file import MappedFile, MappedFileQueue
+from evq.backends.rules import BLANK_ENTRY_SIZE, first_at_or_after
 
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
-BLANK_ENTRY_SIZE = 0x7FFFFFFF
 _BLANK = ENTRY.pack(0, BLANK_ENTRY_SIZE, 0)
 
 
@@ -152,16 +152,12 @@ class ConsumeQueue:
 
     def offset_for_time(self, timestamp_ms: int, store_time: Callable[[int], int]) -> int:
         """Binary search over store times (non-decreasing within a queue)."""
-        lo, hi = self.min_offset, self.max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            e = self.entry(mid)
-            t = store_time(e[0]) if e is not None and e[1] != BLANK_ENTRY_SIZE else -1
-            if t >= timestamp_ms:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+
+        def time_at(qo: int) -> int:
+            e = self.entry(qo)
+            return store_time(e[0]) if e is not None and e[1] != BLANK_ENTRY_SIZE else -1
+
+        return first_at_or_after(self.min_offset, self.max_offset, timestamp_ms, time_at)
 
     def flush(self) -> None:
         self.files.flush()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
 import shutil
 import struct
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import structlog
 
+from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
@@ -67,7 +69,6 @@ _INT64 = rec.INT64
 _INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
 _HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
-_MAX_CLOCK_SKEW_MS = 24 * 3600 * 1000
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 
 
@@ -95,7 +96,7 @@ class MmapMessageLog(MessageLog):
         self._clock = clock
         self._tags_code_fn = tags_code_fn
         self._host = host_bytes(config.store_host)
-        self._max_record = min(config.max_message_size, config.commitlog_segment_size - 8)
+        self._max_record = rules.max_record_size(config)
         self._put_lock = threading.RLock()
         self._closed = False
         self._last_store_ts = 0
@@ -272,16 +273,14 @@ class MmapMessageLog(MessageLog):
                 break
             rel = pos - mf.start
             size, magic = rec.peek(mf.mm, rel)
-            if magic == rec.BLANK_MAGIC and rel + size == mf.size:
+            if rules.is_padding(size, magic, pos, mf.size):
                 pos = mf.end
                 continue
             if size <= 0 or rel + size > mf.wrote:
                 break
-            try:
-                f = rec.read_fields(memoryview(mf.mm)[rel : rel + size], 0, check_crc=check_crc)
-            except rec.RecordError:
-                break
-            if not f.crc_ok or f.physical_offset != pos:
+            f = rules.valid_record(memoryview(mf.mm)[rel : rel + size], 0, pos,
+                                   check_crc=check_crc)
+            if f is None:
                 break
             self._note_store_ts(f.store_timestamp)
             if pos >= dispatch_from:
@@ -294,12 +293,9 @@ class MmapMessageLog(MessageLog):
         return pos
 
     def _note_store_ts(self, ts: int) -> None:
-        """Recovery scans the newest records even when nothing needs dispatching: appends after
-        a restart must not stamp times older than what the log already holds.  STORETIMESTAMP
-        has no CRC, so a time further ahead of the clock than any skew is damage, not a floor.
-        """
-        if self._last_store_ts < ts <= self._clock.now_ms() + _MAX_CLOCK_SKEW_MS:
-            self._last_store_ts = ts
+        """Recovery scans the newest records even when nothing needs dispatching, to find the
+        store-time floor (:func:`evq.backends.rules.later_store_time`)."""
+        self._last_store_ts = rules.later_store_time(self._last_store_ts, ts, self._clock.now_ms())
 
     def _dispatch_fields(self, f: rec.Fields, phys: int) -> Dispatched | None:
         """Apply one parsed record to the projections (recovery and replication)."""
@@ -379,7 +375,7 @@ class MmapMessageLog(MessageLog):
                 if n > limit or n < rec.MIN_RECORD_SIZE:
                     add(AppendResult(PutStatus.MESSAGE_ILLEGAL))
                     continue
-                if pos + n + 8 > seg:
+                if not rules.fits(pos, n, seg):
                     if pos + 8 <= seg:  # a log cut exactly at a segment end has no room
                         _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
                     mf.wrote = seg
@@ -420,13 +416,8 @@ class MmapMessageLog(MessageLog):
                 self._notify(notify)
         return results
 
-    def _patch_store_fields(self, mm: object, pos: int, flags: int, now: int) -> None:
-        at = pos + rec.store_timestamp_at(flags)
-        _INT64.pack_into(mm, at, now)
-        host = self._host
-        if flags & sf.STOREHOST_V6 and len(host) != 20:
-            raise ValueError("record declares an IPv6 store host but the store host is IPv4")
-        mm[at + 8 : at + 8 + len(host)] = host  # type: ignore[index]
+    def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
+        rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]
 
     def wait_durable(self, end_offset: int, timeout: float) -> bool:
         return self._running_flusher().wait(end_offset, timeout)
@@ -487,55 +478,14 @@ class MmapMessageLog(MessageLog):
         if self._closed:  # the files are unmapped: any answer would be made up
             raise LogClosed("the log is closed")
         cq = self._cqs.get((topic, queue_id))
-        if cq is None or cq.next_offset == 0:
+        if cq is None:
             return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.next_offset
-        if offset < lo:
-            return ReadResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
-        if offset == hi:
-            return ReadResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
-        if offset > hi:
-            return ReadResult(GetStatus.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
-        log_min = self._log.min_offset
-        scan_limit = max(800, max_count)  # RocketMQ scans at most 16,000 CQ bytes per pull
-        records: list[memoryview] = []
-        qos: list[int] = []
-        total = 0
-        scanned = 0
-        last_phys = -1
-        qo = offset
-        chunk = max(max_count, 32)
-        while scanned < scan_limit and qo < hi:
-            entries = list(cq.entries(qo, min(chunk, scan_limit - scanned, hi - qo)))
-            chunk = scan_limit
-            if not entries:
-                break
-            for phys, size, tags in entries:
-                if len(records) >= max_count or (records and total + size > max_bytes):
-                    scanned = scan_limit
-                    break
-                qo += 1
-                scanned += 1
-                if size == BLANK_ENTRY_SIZE or phys < log_min:
-                    continue
-                last_phys = phys
-                if tag_filter is not None and not tag_filter(tags):
-                    continue
-                view = self._view(phys, size)
-                if view is None:
-                    continue
-                records.append(view)
-                qos.append(qo - 1)
-                total += size
-        if records:
-            status = GetStatus.FOUND
-        elif qo == offset:  # the ConsumeQueue segment for offset is gone: skip to the next
-            status = GetStatus.OFFSET_FOUND_NULL
-            per_file = self.config.consume_queue_entries
-            qo = min((offset // per_file + 1) * per_file, hi)
-        else:
-            status = GetStatus.NO_MATCHED_MESSAGE
-        return ReadResult(status, qo, lo, hi, records, qos, last_phys)
+        return rules.read_queue(
+            offset, cq.min_offset, cq.next_offset, max_count=max_count, max_bytes=max_bytes,
+            tag_filter=tag_filter, entries=lambda qo, n: list(cq.entries(qo, n)),
+            view=self._view, log_min=self._log.min_offset,
+            entries_per_file=self.config.consume_queue_entries,
+        )
 
     def _view(self, phys: int, size: int) -> memoryview | None:
         mf = self._log.find(phys)
@@ -567,48 +517,13 @@ class MmapMessageLog(MessageLog):
     ) -> KeyQueryResult:
         if self._closed:
             raise LogClosed("the log is closed")
-        log_end = self.max_physical_offset
-        # The index may hold more candidates than asked (hash collisions, other topics, store
-        # times only to the second, entries past a truncated end): when the candidates run
-        # out before max_count hits, ask again for more.
-        limit = max_count * 4 + 16
-        while True:
-            candidates = self._index.lookup(topic, key, begin_ms, end_ms, limit)
-            records, offsets = self._key_hits(candidates, topic, key, max_count, begin_ms,
-                                              end_ms, log_end)
-            if len(records) >= max_count or len(candidates) < limit:
-                break
-            limit *= 4
+        # The index answers whole seconds and hashed keys: the shared rule checks the records.
+        records, offsets = rules.query_keys(
+            lambda limit: self._index.lookup(topic, key, begin_ms, end_ms, limit), self.lookup,
+            topic, key, max_count, begin_ms, end_ms, self.max_physical_offset,
+        )
         ts, phys_last = self._index.last_update
         return KeyQueryResult(records, offsets, ts, phys_last)
-
-    def _key_hits(
-        self, candidates: list[int], topic: str, key: str, max_count: int, begin_ms: int,
-        end_ms: int, log_end: int,
-    ) -> tuple[list[memoryview], list[int]]:
-        records: list[memoryview] = []
-        offsets: list[int] = []
-        seen: set[int] = set()
-        for phys in candidates:
-            if len(records) >= max_count:
-                break
-            if phys >= log_end or phys in seen:  # a key twice in KEYS is indexed twice
-                continue
-            seen.add(phys)
-            view = self.lookup(phys)
-            if view is None:
-                continue
-            try:
-                f = rec.read_fields(view, 0, check_crc=False)
-            except rec.RecordError:
-                continue
-            if f.topic != topic or not begin_ms <= f.store_timestamp <= end_ms:
-                continue
-            if key not in rec.index_keys_of(decode_properties(f.properties), f.sysflag):
-                continue
-            records.append(view)
-            offsets.append(phys)
-        return records, offsets
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -737,17 +652,12 @@ class MmapMessageLog(MessageLog):
         keep_ms = self.config.file_reserved_hours * 3600 * 1000
         with self._put_lock:
             files = self._log.files
-            count = 0
-            # A segment's newest record is older than the next segment's first one.
-            for i in range(len(files) - 1):
-                if files[i + 1].start > self._dispatched:
-                    break  # never delete bytes a projection has not applied
-                ts = self._first_store_ts(files[i + 1])
-                if ts < 0 or ts + keep_ms > now:
-                    break
-                count += 1
-            if force and count < len(files) - 1 and files[count + 1].start <= self._dispatched:
-                count += 1
+            # Never delete bytes a projection has not applied: only segments whose successor
+            # starts within the dispatched part of the log may go.
+            applied = sum(1 for mf in files if mf.start <= self._dispatched)
+            count = rules.expired_segments(
+                applied, lambda i: self._first_store_ts(files[i]), now, keep_ms, force=force
+            )
             gone = self._log.delete_first(count)
             log_min = self._log.min_offset
             for cq in self._cqs.values():
@@ -764,15 +674,8 @@ class MmapMessageLog(MessageLog):
         return usage.used / usage.total if usage.total else 0.0
 
     def clean_due(self, now_ms: int, disk_ratio: float) -> tuple[bool, bool]:
-        """(clean now, force): RocketMQ deletes expired files at ``deleteWhen`` hours or when
-        disk use passes the high watermark, and the oldest files even unexpired past the
-        forcible-clean ratio."""
-        hour = time.localtime(now_ms / 1000).tm_hour
-        force = disk_ratio >= self.config.disk_force_clean_ratio
-        due = force or disk_ratio >= self.config.disk_max_used_ratio or (
-            hour in self.config.delete_hours()
-        )
-        return due, force
+        """See :func:`evq.backends.rules.clean_due`."""
+        return rules.clean_due(self.config, now_ms, disk_ratio)
 
     def _clean_loop(self) -> None:
         while not self._stop.wait(self.config.clean_interval_s):
