@@ -22,6 +22,13 @@ OpenBroker = Callable[..., Broker]
 
 
 @pytest.fixture
+def backend() -> str:
+    """Domain tests run on the default store: the conformance suite (tests/backends) proves
+    every backend keeps the port's promises, which is all the domain relies on."""
+    return "mmap"
+
+
+@pytest.fixture
 def open_broker(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenBroker]:
     """``open_broker(**config)`` opens (or reopens) the broker at one data dir."""
     opened: list[Broker] = []
