@@ -8,8 +8,10 @@ import json
 import random
 import struct
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 
 from evq.domain.clock import Clock, ManualClock
+from evq.net.broker import BrokerServer
 from evq.net.codes import RequestCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
 from evq.net.transport import (
@@ -20,6 +22,7 @@ from evq.net.transport import (
     RemotingServer,
     TransportConfig,
 )
+from evq.settings import build
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0
@@ -85,6 +88,26 @@ class RawPeer:
                 return None
             self.decoder.feed(data)
         return cmd
+
+
+@contextlib.asynccontextmanager
+async def broker(data: Path, **values: object) -> AsyncIterator[BrokerServer]:
+    settings = build({"listen_port": 0, "store_path_root_dir": str(data),
+                      "warm_segments": False, "commitlog_segment_size": 1 << 20, **values})
+    server = BrokerServer(settings)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.shutdown(grace=1.0)
+
+
+def handler_tasks() -> list[asyncio.Task[object]]:
+    """Tasks answering a peer's request, on every connection of this loop."""
+    return [
+        t for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "") == "Connection._handle"
+    ]
 
 
 def raw_frame(header: bytes, body: bytes = b"") -> bytes:

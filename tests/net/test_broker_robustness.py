@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import random
+import resource
 import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,12 +28,20 @@ from hypothesis import strategies as st
 from evq.domain.codes import ResponseCode
 from evq.domain.message import Message, Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
-from evq.net.broker.pull import FLAG_SUSPEND
+from evq.net.broker.pull import FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from evq.net.broker.send import V2_NAMES
 from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, FrameDecoder, RemotingCommand
 from evq.net.transport import RemotingClient, run
-from tests.net.harness import HOST, TIMEOUT, fuzz_payload, hostile_peer
+from tests.net.harness import (
+    HOST,
+    TIMEOUT,
+    broker,
+    eventually,
+    fuzz_payload,
+    handler_tasks,
+    hostile_peer,
+)
 from tests.processes import Running, running_evq
 from tests.strategies import INT32_MAX, INT32_MIN, INT64_MAX, remoting_commands
 
@@ -44,6 +53,7 @@ FUZZ_FRAMES = 1200
 HOSTILE_REQUESTS = 3000
 REQUESTS_PER_CONNECTION = 12
 CONCURRENT_PEERS = 40
+CONNECTIONS = 1000
 HANDLER_FAILED = "request handler failed"  # the dispatcher's log line for an unexpected error
 KNOWN_CODES = frozenset(ResponseCode)
 
@@ -431,3 +441,76 @@ def test_any_request_with_random_fields_gets_an_answer(
     assert answer.code in KNOWN_CODES
     assert evq.alive()
     assert handler_failures(log) == []
+
+
+PARKED_PULL = {"consumerGroup": "G", "topic": KEPT, "queueId": 0, "queueOffset": 1,
+               "maxMsgNums": 32, "sysFlag": FLAG_SUSPEND | FLAG_SUBSCRIPTION,
+               "suspendTimeoutMillis": 20_000, "subscription": "*", "subVersion": 0}
+"""A pull past the end of a queue holding one message: it parks until a second comes."""
+
+
+def _allow_open_files(needed: int) -> None:
+    """Both ends of every connection live in this process: lift the soft fd limit toward
+    the hard one when the default (often 1024) is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (
+            needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard))
+
+
+async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_long_poll(
+        tmp_path: Path) -> None:
+    _allow_open_files(2 * CONNECTIONS + 256)
+    async with broker(tmp_path) as b, RemotingClient(HOST, b.server.port) as client:
+        assert b.ctx is not None
+        holds = b.ctx.holds
+        await call(client, RequestCode.SEND_MESSAGE, send_fields(0, {}), b"first")
+        peers = await asyncio.gather(
+            *(asyncio.open_connection(HOST, b.server.port) for _ in range(CONNECTIONS)))
+
+        async def ask(i: int) -> RemotingCommand:
+            reader, writer = peers[i]
+            writer.write(RemotingCommand(code=RequestCode.GET_MAX_OFFSET, opaque=i,
+                                         ext_fields={"topic": KEPT, "queueId": 0}).encode())
+            decoder = FrameDecoder()
+            while (answer := decoder.next_command()) is None:
+                decoder.feed(await asyncio.wait_for(reader.read(4096), TIMEOUT))
+            return answer
+
+        try:
+            answers = await asyncio.gather(*(ask(i) for i in range(CONNECTIONS)))
+            assert [(a.opaque, a.ext_fields["offset"]) for a in answers] == [
+                (i, "1") for i in range(CONNECTIONS)]
+            assert len(b.server.connections) == CONNECTIONS + 1  # and the client's
+
+            # A third park a long poll past the end of the queue, a third stop mid-frame;
+            # then both kinds vanish.
+            polling, cut = range(0, CONNECTIONS, 3), range(1, CONNECTIONS, 3)
+            for i in polling:
+                peers[i][1].write(RemotingCommand(code=RequestCode.PULL_MESSAGE, opaque=i,
+                                                  ext_fields=PARKED_PULL).encode())
+            for i in cut:
+                frame = RemotingCommand(code=RequestCode.SEND_MESSAGE, opaque=i,
+                                        ext_fields=send_fields(0, {}), body=bytes(500)).encode()
+                peers[i][1].write(frame[: len(frame) // 2])
+            await eventually(lambda: holds.parked == len(polling))
+            assert len(handler_tasks()) == len(polling)
+            for i in (*polling, *cut):
+                peers[i][1].transport.abort()
+            remaining = CONNECTIONS - len(polling) - len(cut) + 1
+            await eventually(lambda: len(b.server.connections) == remaining)
+            await eventually(lambda: not handler_tasks())  # cancelled, not left parked
+            assert holds.parked == 0
+
+            survivor = next(i for i in range(CONNECTIONS) if i % 3 == 2)
+            assert (await ask(survivor)).ext_fields["offset"] == "1"
+            woken = asyncio.ensure_future(call(client, RequestCode.PULL_MESSAGE, PARKED_PULL))
+            await eventually(lambda: holds.parked == 1)
+            await send(client, QUEUES, random.Random(1))  # to queue 0
+            (second,) = iter_records((await asyncio.wait_for(woken, TIMEOUT)).body)
+            assert second.queue_offset == 1
+        finally:
+            for _, writer in peers:
+                writer.transport.abort()
+        await eventually(lambda: len(b.server.connections) == 1)
+        assert holds.parked == 0 and not handler_tasks()

@@ -4,33 +4,18 @@ expect (every header value a string, RocketMQ's codes and remarks)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from evq.domain.codes import ResponseCode
 from evq.domain.message import Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
-from evq.net.broker import BrokerServer
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient
-from evq.settings import build
+from tests.net.harness import broker
 
 TIMEOUT = 5.0
-
-
-@contextlib.asynccontextmanager
-async def broker(data: Path, **values: object) -> AsyncIterator[BrokerServer]:
-    settings = build({"listen_port": 0, "store_path_root_dir": str(data),
-                      "warm_segments": False, "commitlog_segment_size": 1 << 20, **values})
-    server = BrokerServer(settings)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.shutdown(grace=1.0)
 
 
 async def call(client: RemotingClient, code: int, fields: dict[str, object] | None = None,

@@ -22,6 +22,7 @@ from tests.net.harness import (
     echo,
     eventually,
     fuzz_payload,
+    handler_tasks,
     hostile_peer,
     serving,
 )
@@ -66,13 +67,6 @@ async def test_fuzzed_frames_never_stop_the_server_serving_others() -> None:
         assert conn.in_flight == 0
 
 
-def _handler_tasks() -> list[asyncio.Task[object]]:
-    return [
-        t for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "") == "Connection._handle"
-    ]
-
-
 async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_poll() -> None:
     parked = 0
 
@@ -107,12 +101,12 @@ async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_poll
                 frame = RemotingCommand(code=ECHO, opaque=i, body=bytes(500)).encode()
                 peers[i][1].write(frame[:40])
             await eventually(lambda: parked == len(polling))
-            assert len(_handler_tasks()) == len(polling)
+            assert len(handler_tasks()) == len(polling)
             for i in (*polling, *cut):
                 peers[i][1].transport.abort()
             remaining = CONNECTIONS - len(polling) - len(cut)
             await eventually(lambda: len(server.connections) == remaining)
-            await eventually(lambda: not _handler_tasks())  # cancelled, not left parked
+            await eventually(lambda: not handler_tasks())  # cancelled, not left parked
 
             survivor = next(i for i in range(CONNECTIONS) if i % 3 == 2)
             assert await ask(survivor) == survivor
