@@ -21,6 +21,11 @@ LISTENING = re.compile(r"evq (namesrv|broker) listening on (\S+)")
 EXIT_TIMEOUT = 30.0
 
 
+def port_of(address: str) -> int:
+    """The port of an ``ip:port`` a server printed."""
+    return int(address.rpartition(":")[2])
+
+
 def python_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": os.environ.get("HOME", "/tmp")}
 

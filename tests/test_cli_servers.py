@@ -11,19 +11,15 @@ from pathlib import Path
 from evq.domain.codes import ResponseCode
 from evq.net.codes import RequestCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
-from tests.processes import run_evq, running_evq
+from tests.processes import port_of, run_evq, running_evq
 
 QUIET = ("--log-level", "warning")  # logs only what is wrong: stderr is the refusal alone
 TIMEOUT = 5.0
 
 
-def _port(address: str) -> int:
-    return int(address.rpartition(":")[2])
-
-
 def ask(address: str, cmd: RemotingCommand) -> RemotingCommand:
     """One request over a plain socket, as a client that knows nothing of evq would send it."""
-    with socket.create_connection(("127.0.0.1", _port(address)), TIMEOUT) as sock:
+    with socket.create_connection(("127.0.0.1", port_of(address)), TIMEOUT) as sock:
         sock.sendall(cmd.encode())
         decoder = FrameDecoder()
         while (answer := decoder.next_command()) is None:
@@ -57,7 +53,7 @@ def one_error_line(stderr: str) -> str:
 
 def test_namesrv_refuses_a_port_in_use_with_one_line() -> None:
     with running_evq(*QUIET, "namesrv", "--port", "0", servers=1) as first:
-        port = _port(first.addresses["namesrv"])
+        port = port_of(first.addresses["namesrv"])
         second = run_evq(*QUIET, "namesrv", "--port", str(port))
         assert second.returncode == 1
         assert one_error_line(second.stderr) == (
@@ -70,7 +66,7 @@ def test_namesrv_refuses_a_port_in_use_with_one_line() -> None:
 def test_broker_refuses_a_port_in_use_before_touching_its_data_dir(tmp_path: Path) -> None:
     with running_evq(*QUIET, "broker", "--port", "0", "--data", str(tmp_path / "first"),
                      servers=1) as first:
-        port = _port(first.addresses["broker"])
+        port = port_of(first.addresses["broker"])
         second = run_evq(*QUIET, "broker", "--port", str(port), "--data",
                          str(tmp_path / "second"))
         assert second.returncode == 1

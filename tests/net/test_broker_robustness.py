@@ -42,7 +42,7 @@ from tests.net.harness import (
     handler_tasks,
     hostile_peer,
 )
-from tests.processes import Running, running_evq
+from tests.processes import Running, port_of, running_evq
 from tests.strategies import INT32_MAX, INT32_MIN, INT64_MAX, remoting_commands
 
 KEPT = "Kept"  # the topic whose messages must survive; no hostile request names it to write
@@ -232,10 +232,6 @@ def hostile_request(rng: random.Random, shapes: Mapping[int, tuple[dict[str, str
 # --- talking to the servers -----------------------------------------------------------------
 
 
-def _port(address: str) -> int:
-    return int(address.rpartition(":")[2])
-
-
 async def ask_all(port: int, requests: list[Hostile]) -> None:
     """Send every request on one connection and check each one's answer as it comes."""
     reader, writer = await asyncio.open_connection(HOST, port)
@@ -348,7 +344,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, 
 def test_hostile_traffic_neither_stops_the_servers_nor_touches_stored_messages(
         served: tuple[Running, Path]) -> None:
     evq, log = served
-    broker, namesrv = _port(evq.addresses["broker"]), _port(evq.addresses["namesrv"])
+    broker, namesrv = port_of(evq.addresses["broker"]), port_of(evq.addresses["namesrv"])
     rng = random.Random(5)
 
     async def scenario() -> None:
@@ -429,7 +425,7 @@ def test_any_request_with_random_fields_gets_an_answer(
         served: tuple[Running, Path], cmd: RemotingCommand, code: int, to_broker: bool) -> None:
     evq, log = served
     cmd.code, cmd.flag = code, 0  # a request that wants its answer
-    port = _port(evq.addresses["broker" if to_broker else "namesrv"])
+    port = port_of(evq.addresses["broker" if to_broker else "namesrv"])
     with socket.create_connection((HOST, port), TIMEOUT) as sock:
         sock.sendall(cmd.encode())
         decoder = FrameDecoder(MAX_FRAME)
