@@ -4,33 +4,18 @@ expect (every header value a string, RocketMQ's codes and remarks)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from evq.domain.codes import ResponseCode
 from evq.domain.message import Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
-from evq.net.broker import BrokerServer
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient
-from evq.settings import build
+from tests.net.harness import broker
 
 TIMEOUT = 5.0
-
-
-@contextlib.asynccontextmanager
-async def broker(data: Path, **values: object) -> AsyncIterator[BrokerServer]:
-    settings = build({"listen_port": 0, "store_path_root_dir": str(data),
-                      "warm_segments": False, "commitlog_segment_size": 1 << 20, **values})
-    server = BrokerServer(settings)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.shutdown(grace=1.0)
 
 
 async def call(client: RemotingClient, code: int, fields: dict[str, object] | None = None,
@@ -165,3 +150,24 @@ async def test_admin_topic_and_stats(tmp_path: Path) -> None:
         assert r.code == ResponseCode.SUCCESS
         r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})
         assert r.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+async def test_ill_shaped_bodies_and_headers_are_refused_with_a_reason(tmp_path: Path) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.SEND_BATCH_MESSAGE, {**send_fields("T"), "batch": "1"})
+        assert (r.code, r.remark) == (ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
+        for body, reason in [(b'{"consumerDataSet": [{"groupName": "G"}]}', "without a client id"),
+                             (b'{"clientID": "c", "consumerDataSet": [5]}', "bad heartbeat"),
+                             (b"[" * 5000, "not JSON")]:
+            r = await call(c, RequestCode.HEART_BEAT, body=body)
+            assert r.code == ResponseCode.SYSTEM_ERROR and reason in (r.remark or "")
+        assert not (await call(c, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)).body.count(
+            b'"G"')  # a refused heartbeat created no group
+        for mq_set in ('{"mqSet": 5}', '{"mqSet": [{"topic": "T", "brokerName": "b"}]}',
+                       '{"mqSet": [{"topic": "T", "brokerName": "b", "queueId": 1e400}]}'):
+            r = await call(c, RequestCode.LOCK_BATCH_MQ, body=mq_set.encode())
+            assert r.code == ResponseCode.SYSTEM_ERROR and "bad message queue set" in (
+                r.remark or "")
+        r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                       {"topic": "A", "topicFilterType": "NO_TAG"})
+        assert r.code == ResponseCode.SYSTEM_ERROR and "NO_TAG" in (r.remark or "")

@@ -8,77 +8,28 @@ disappear mid-frame or mid-long-poll.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import random
-import struct
 
 from evq.domain.codes import ResponseCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
-from evq.net.transport import Connection, RemotingServer
-from tests.net.harness import ECHO, HOST, SLOW, TIMEOUT, client_of, echo, eventually, serving
+from evq.net.transport import Connection
+from tests.net.harness import (
+    ECHO,
+    HOST,
+    SLOW,
+    TIMEOUT,
+    client_of,
+    echo,
+    eventually,
+    fuzz_payload,
+    handler_tasks,
+    hostile_peer,
+    serving,
+)
 
 FUZZ_FRAMES = 2000
 CONNECTIONS = 1000
 MAX_FRAME = 64 * 1024
-
-
-def _valid(rng: random.Random) -> bytes:
-    fields = {f"k{i}": rng.choice([rng.randint(-5, 5), "v", True])
-              for i in range(rng.randint(0, 3))}
-    return RemotingCommand(code=ECHO, opaque=rng.randint(0, 2**31 - 1), ext_fields=fields,
-                           body=rng.randbytes(rng.randint(0, 64))).encode()
-
-
-def _with_header(header: bytes, body: bytes = b"", kind: int = 0) -> bytes:
-    return struct.pack(">iI", 4 + len(header) + len(body), kind << 24 | len(header)) + header + body
-
-
-def fuzz_payload(rng: random.Random) -> bytes:
-    """One hostile byte string: random, truncated, corrupted, oversize or ill-typed."""
-    kind = rng.randrange(8)
-    if kind == 0:
-        return rng.randbytes(rng.randint(1, 300))
-    if kind == 1:
-        frame = _valid(rng)
-        return frame[: rng.randint(1, len(frame) - 1)]
-    if kind == 2:
-        corrupt = bytearray(_valid(rng))
-        for _ in range(rng.randint(1, 6)):
-            corrupt[rng.randrange(len(corrupt))] = rng.randrange(256)
-        return bytes(corrupt)
-    if kind == 3:
-        oversize = b'{"code":10,"opaque":%d}' % rng.randint(0, 1000)
-        return struct.pack(">ii", MAX_FRAME + rng.randint(0, 2**30), len(oversize)) + oversize
-    if kind == 4:
-        value: object = rng.choice([[], {}, None, 1.5, "x", True, [1, {"a": 2}]])
-        key = rng.choice(["code", "opaque", "flag", "extFields", "remark", "language"])
-        return _with_header(json.dumps({"code": 10, "opaque": 1, key: value}).encode())
-    if kind == 5:
-        return _with_header(b"{}", kind=rng.randint(2, 255))
-    if kind == 6:
-        return struct.pack(">ii", rng.randint(-(2**31), 3), rng.randint(-(2**31), 2**31 - 1))
-    return _valid(rng) + rng.randbytes(rng.randint(1, 100))  # a good frame, then noise
-
-
-async def hostile_peer(server: RemotingServer, payload: bytes) -> list[RemotingCommand]:
-    """Send ``payload``, half-close, and read until the server closes; returns its answers."""
-    reader, writer = await asyncio.open_connection(HOST, server.port)
-    decoder = FrameDecoder()
-    answers = []
-    try:
-        writer.write(payload)
-        writer.write_eof()
-        while data := await asyncio.wait_for(reader.read(65536), TIMEOUT):
-            decoder.feed(data)
-            while (cmd := decoder.next_command()) is not None:
-                answers.append(cmd)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    assert decoder.buffered == 0, "the server only ever writes whole frames"
-    return answers
 
 
 async def test_fuzzed_frames_never_stop_the_server_serving_others() -> None:
@@ -100,8 +51,9 @@ async def test_fuzzed_frames_never_stop_the_server_serving_others() -> None:
         asker = asyncio.create_task(keep_asking())
         answered = refused = 0
         for start in range(0, FUZZ_FRAMES, 50):
-            batch = [fuzz_payload(rng) for _ in range(start, min(start + 50, FUZZ_FRAMES))]
-            for answers in await asyncio.gather(*(hostile_peer(server, p) for p in batch)):
+            count = min(50, FUZZ_FRAMES - start)
+            batch = [fuzz_payload(rng, MAX_FRAME) for _ in range(count)]
+            for answers in await asyncio.gather(*(hostile_peer(server.port, p) for p in batch)):
                 for answer in answers:
                     assert answer.is_response
                     assert answer.code in (ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR)
@@ -113,13 +65,6 @@ async def test_fuzzed_frames_never_stop_the_server_serving_others() -> None:
         assert answered > 0 and refused > 0  # the corpus reached both kinds of outcome
         (conn,) = server.connections  # every hostile connection is gone, the bystander stays
         assert conn.in_flight == 0
-
-
-def _handler_tasks() -> list[asyncio.Task[object]]:
-    return [
-        t for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "") == "Connection._handle"
-    ]
 
 
 async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_poll() -> None:
@@ -156,12 +101,12 @@ async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_poll
                 frame = RemotingCommand(code=ECHO, opaque=i, body=bytes(500)).encode()
                 peers[i][1].write(frame[:40])
             await eventually(lambda: parked == len(polling))
-            assert len(_handler_tasks()) == len(polling)
+            assert len(handler_tasks()) == len(polling)
             for i in (*polling, *cut):
                 peers[i][1].transport.abort()
             remaining = CONNECTIONS - len(polling) - len(cut)
             await eventually(lambda: len(server.connections) == remaining)
-            await eventually(lambda: not _handler_tasks())  # cancelled, not left parked
+            await eventually(lambda: not handler_tasks())  # cancelled, not left parked
 
             survivor = next(i for i in range(CONNECTIONS) if i % 3 == 2)
             assert await ask(survivor) == survivor

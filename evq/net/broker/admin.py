@@ -42,12 +42,19 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     core = ctx.core
 
     async def update_topic(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        filter_name = cmd.get_str("topicFilterType", "SINGLE_TAG")
+        try:
+            filter_type = tp.TopicFilterType(filter_name)
+        except ValueError:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"topicFilterType {filter_name!r:.64} is neither SINGLE_TAG nor "
+                              "MULTI_TAG") from None
         config = tp.TopicConfig(
             topic_name=cmd.get_str("topic"), read_queue_nums=cmd.get_int("readQueueNums", 16),
             write_queue_nums=cmd.get_int("writeQueueNums", 16),
             perm=cmd.get_int("perm", tp.PERM_RW), order=cmd.get_bool("order", False),
             topic_sys_flag=cmd.get_int("topicSysFlag", 0),
-            topic_filter_type=tp.TopicFilterType(cmd.get_str("topicFilterType", "SINGLE_TAG")))
+            topic_filter_type=filter_type)
         await ctx.blocking(core.create_topic, config)
         ctx.topics_changed()
         return cmd.response()

@@ -38,10 +38,15 @@ def _enum(value: object, names: Mapping[int, str]) -> str:
     return str(value)
 
 
+# What reading a JSON body of the wrong shape raises: a number where a list was expected, a
+# missing key, a queue id of "x" or 1e400.
+BAD_SHAPE = (AttributeError, KeyError, TypeError, ValueError, OverflowError)
+
+
 def json_body(cmd: RemotingCommand) -> dict[str, object]:
     try:
         body = json.loads(cmd.body) if cmd.body else {}
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"the request body is not JSON: {exc}"
                           ) from None
     if not isinstance(body, dict):
@@ -49,31 +54,48 @@ def json_body(cmd: RemotingCommand) -> dict[str, object]:
     return body
 
 
+def _bad_body(what: str, exc: Exception) -> BrokerError:
+    return BrokerError(ResponseCode.SYSTEM_ERROR, f"bad {what}: {type(exc).__name__}: {exc}")
+
+
 def parse_heartbeat(body: Mapping[str, object]) -> Heartbeat:
-    consumers = []
-    for c in body.get("consumerDataSet") or []:  # type: ignore[attr-defined]
-        group = str(c["groupName"])
-        subs = {}
-        for s in c.get("subscriptionDataSet") or []:
-            topic = str(s["topic"])
-            try:
-                subs[topic] = parse_subscription(
-                    topic, s.get("subString"), s.get("expressionType") or "TAG",
-                    int(s.get("subVersion") or 0))
-            except (FilterError, ValueError) as exc:
-                log.warning("bad_subscription_in_heartbeat", group=group, topic=topic,
-                            error=str(exc))
-        consumers.append(ConsumerData(
-            group, _enum(c.get("consumeType"), CONSUME_TYPES),
-            _enum(c.get("messageModel"), MESSAGE_MODELS),
-            _enum(c.get("consumeFromWhere"), CONSUME_FROM), subs))
-    producers = [str(p["groupName"]) for p in body.get("producerDataSet") or []]  # type: ignore[attr-defined]
-    return Heartbeat(str(body.get("clientID") or ""), consumers, producers)
+    """The HeartbeatData body; refused whole when it has no client id (before any group it
+    names is created) or a part of the wrong shape."""
+    client_id = str(body.get("clientID") or "")
+    if not client_id:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "heartbeat without a client id")
+    try:
+        consumers = [_consumer_data(c) for c in body.get("consumerDataSet") or []]  # type: ignore[attr-defined]
+        producers = [str(p["groupName"]) for p in body.get("producerDataSet") or []]  # type: ignore[attr-defined]
+    except BAD_SHAPE as exc:
+        raise _bad_body("heartbeat", exc) from None
+    return Heartbeat(client_id, consumers, producers)
+
+
+def _consumer_data(c: Mapping[str, object]) -> ConsumerData:
+    group = str(c["groupName"])
+    subs = {}
+    for s in c.get("subscriptionDataSet") or []:  # type: ignore[attr-defined]
+        topic = str(s["topic"])
+        try:
+            subs[topic] = parse_subscription(
+                topic, s.get("subString"), s.get("expressionType") or "TAG",
+                int(s.get("subVersion") or 0))
+        except (FilterError, ValueError) as exc:
+            log.warning("bad_subscription_in_heartbeat", group=group, topic=topic,
+                        error=str(exc))
+    return ConsumerData(
+        group, _enum(c.get("consumeType"), CONSUME_TYPES),
+        _enum(c.get("messageModel"), MESSAGE_MODELS),
+        _enum(c.get("consumeFromWhere"), CONSUME_FROM), subs)
 
 
 def queues_of(items: Iterable[Mapping[str, object]]) -> list[MessageQueue]:
-    return [MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))  # type: ignore[call-overload]
-            for q in items]
+    try:
+        return [MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))  # type: ignore[call-overload]
+                for q in items]
+    except BAD_SHAPE as exc:
+        raise _bad_body("message queue set", exc) from None
 
 
 def notify_ids_changed(ctx: BrokerContext, groups: Iterable[str]) -> None:

@@ -53,6 +53,8 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
             entries = decode_batch(body)
         except (RecordError, zlib.error) as exc:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
+        if not entries:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
         # Each stored record carries its own compression flag, as a single send would.
         return [Message(topic=topic, body=zlib.compress(e.body, 5) if big else e.body,
                         flag=e.flag, properties=e.properties, queue_id=queue_id,
