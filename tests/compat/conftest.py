@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,44 +12,21 @@ from typing import Any
 import attrs
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-_LISTENING = re.compile(r"evq (namesrv|broker) listening on (\S+)")
+from tests.processes import REPO_ROOT, python_env, running_evq
 
 
 @attrs.define
 class Served:
     namesrv: str
     broker: str
-    proc: subprocess.Popen[str]
-
-
-def python_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": os.environ.get("HOME", "/tmp")}
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "evq.cli", "--log-level", "warning", "serve", "--port", "0",
-         "--namesrv-port", "0", "--data", str(tmp_path / "data")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT,
-        env=python_env())
-    assert proc.stdout is not None
-    with proc:
-        addrs: dict[str, str] = {}
-        while len(addrs) < 2:
-            line = proc.stdout.readline()
-            if not line:
-                proc.kill()
-                raise RuntimeError("evq serve exited before listening")
-            m = _LISTENING.search(line)
-            if m:
-                addrs[m[1]] = m[2]
-        try:
-            yield Served(addrs["namesrv"], addrs["broker"], proc)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+    with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
+                     "--data", str(tmp_path / "data"), servers=2) as running:
+        yield Served(running.addresses["namesrv"], running.addresses["broker"])
+        assert running.stop() == 0
 
 
 def stock(*args: str, timeout: float = 60) -> list[dict[str, Any]]:
