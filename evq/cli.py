@@ -199,6 +199,94 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq bench net --------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _add_bench_net(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "net",
+        help="produce, consume and send latency against a broker over the network",
+        description=(
+            "Start a broker in a child process on a free port and drive it with evq's "
+            "remoting client: produce one message per request, in batches and pipelined; "
+            "consume everything back with pulls; send latency at a fixed rate."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=100_000,
+                   help="messages per produce phase; consume reads all three phases' "
+                        "(default: 100000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"the broker's store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--batch", type=_positive_int, default=32,
+                   help="messages per SEND_BATCH_MESSAGE request (default: 32)")
+    p.add_argument("--in-flight", type=_positive_int, default=64,
+                   help="requests outstanding in the pipelined phase (default: 64)")
+    p.add_argument("--queues", type=_positive_int, default=8,
+                   help="queues of the benchmark topic (default: 8)")
+    p.add_argument("--rate", type=_positive_int, default=2_000,
+                   help="sends per second of the latency phase (default: 2000)")
+    p.add_argument("--latency-seconds", type=_positive_float, default=5.0,
+                   help="duration of the latency phase (default: 5)")
+    p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
+                   help="the broker's CommitLog segment size (default: the broker's, 1 GiB)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the broker's store (default: a temporary "
+                        "directory); each run works in a fresh sub-directory and removes it")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the table (no progress bars)")
+    p.set_defaults(handler=_cmd_bench_net, log_level_default="warning")
+
+
+def _bench_net_rerun(args: argparse.Namespace) -> str:
+    words = [
+        PROG, "bench", "net", "--backend", args.backend, "--messages", str(args.messages),
+        "--size", str(args.size), "--batch", str(args.batch), "--in-flight",
+        str(args.in_flight), "--queues", str(args.queues), "--rate", str(args.rate),
+        "--latency-seconds", f"{args.latency_seconds:g}",
+    ]
+    if args.segment_size is not None:
+        words += ["--segment-size", str(args.segment_size)]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    return shlex.join(words)
+
+
+def _cmd_bench_net(args: argparse.Namespace) -> int:
+    from evq.bench.net import NetBenchOptions, format_report, run_net_bench
+
+    try:
+        opts = NetBenchOptions(
+            backend=args.backend, messages=args.messages, size=args.size, batch=args.batch,
+            in_flight=args.in_flight, queues=args.queues, rate=args.rate,
+            latency_seconds=args.latency_seconds, segment_size=args.segment_size,
+            data=args.data, progress=not args.json and sys.stderr.isatty(),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_net_bench(opts)
+    rerun = _bench_net_rerun(args)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
 # --- evq broker ------------------------------------------------------------------------------
 
 
@@ -401,6 +489,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     benches = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     _add_bench_store(benches)
     _add_bench_backends(benches)
+    _add_bench_net(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
-"""Smoke tests of ``evq bench store`` and ``evq bench backends`` as real subprocesses (figures
-are never judged for speed)."""
+"""Smoke tests of ``evq bench store``, ``evq bench backends`` and ``evq bench net`` as real
+subprocesses (figures are never judged for speed)."""
 
 from __future__ import annotations
 
@@ -132,3 +132,51 @@ def test_bench_backends_unknown_backend_names_the_choices(tmp_path: Path) -> Non
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert "nope" in err and "lmdb" in err and "rocks" in err and "memory" in err, err
+NET_FIGURES = (
+    "produce_msgs_per_s",
+    "produce_batch_msgs_per_s",
+    "produce_pipelined_msgs_per_s",
+    "consume_msgs_per_s",
+    "send_p50_ms",
+    "send_p99_ms",
+    "send_max_ms",
+    "latency_achieved_msgs_per_s",
+    "produce_client_cpu_us_per_msg",
+    "produce_batch_client_cpu_us_per_msg",
+    "produce_pipelined_client_cpu_us_per_msg",
+    "consume_client_cpu_us_per_msg",
+)
+
+
+def test_bench_net_json_has_every_figure(tmp_path: Path) -> None:
+    proc = _evq(
+        "bench", "net", "--messages", "300", "--size", "256", "--rate", "200",
+        "--latency-seconds", "0.5", "--in-flight", "16", "--segment-size", "1048576",
+        "--data", str(tmp_path), "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout  # one JSON object, nothing else on stdout
+    out = json.loads(lines[0])
+    for key in NET_FIGURES:
+        value = out[key]
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+    assert out["send_p50_ms"] <= out["send_p99_ms"] <= out["send_max_ms"]
+    for phase in ("produce", "produce_batch", "produce_pipelined", "consume"):
+        broker_cpu = out[f"{phase}_broker_cpu_us_per_msg"]  # read from /proc where there is one
+        assert broker_cpu > 0 if Path("/proc/self/stat").exists() else broker_cpu is None
+    assert (out["backend"], out["messages"], out["size"], out["in_flight"]) == (
+        "mmap", 300, 256, 16)
+    assert out["consumed_messages"] == 3 * 300  # every produce phase read back
+    assert out["latency_messages"] == 100
+    assert out["rerun"].startswith("evq bench net ")
+    assert "--messages 300" in out["rerun"] and "--segment-size 1048576" in out["rerun"]
+    assert list(tmp_path.iterdir()) == []  # the broker's scratch directory is removed
+
+
+def test_bench_net_refuses_a_batch_over_the_frame_limit() -> None:
+    proc = _evq("bench", "net", "--size", "1048576", "--batch", "32", timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "frame limit" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
