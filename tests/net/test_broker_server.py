@@ -171,3 +171,14 @@ async def test_ill_shaped_bodies_and_headers_are_refused_with_a_reason(tmp_path:
         r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC,
                        {"topic": "A", "topicFilterType": "NO_TAG"})
         assert r.code == ResponseCode.SYSTEM_ERROR and "NO_TAG" in (r.remark or "")
+
+
+async def test_sync_flush_broker_acknowledges_after_the_group_commit(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="SYNC_FLUSH") as b, \
+            RemotingClient("127.0.0.1", b.server.port) as c:
+        sends = [call(c, RequestCode.SEND_MESSAGE, send_fields("T"), bytes([i]))
+                 for i in range(20)]
+        answers = await asyncio.gather(*sends)
+        assert {a.code for a in answers} == {ResponseCode.SUCCESS}
+        assert b.ctx is not None
+        assert b.ctx.core.log.durable_offset >= b.ctx.core.log.max_physical_offset

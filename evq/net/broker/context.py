@@ -24,6 +24,7 @@ class BrokerContext:
     membership: GroupMembership
     holds: PullHolds
     loop: asyncio.AbstractEventLoop
+    sync_flush: bool = False  # acknowledge sends only once the log is on disk
     topics_changed: Callable[[], None] = lambda: None  # re-register with the name servers
     # Per client connection: (language, version) from its heartbeat; the connections whose
     # close already drops them from the membership tables.

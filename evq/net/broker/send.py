@@ -68,8 +68,9 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
 
 
 async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
-    """Wait for the flush policy without blocking the loop (group commit via on_durable)."""
-    if not result.ok:
+    """Wait for the flush policy without blocking the loop (group commit via on_durable).
+    Under ASYNC_FLUSH there is nothing to wait for, and no thread hop is paid."""
+    if not result.ok or not ctx.sync_flush:
         return result
     future: asyncio.Future[bool] = ctx.loop.create_future()
 

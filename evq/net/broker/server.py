@@ -17,6 +17,7 @@ import attrs
 import structlog
 
 from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.log import FlushMode
 from evq.domain.membership import GroupMembership
 from evq.domain.message import Message, Prop
 from evq.domain.record import encode, offset_msg_id
@@ -100,7 +101,8 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         holds = PullHolds(loop)
         self._closers.append(engine.core.log.subscribe_dispatch(holds.on_dispatch))
-        ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop)
+        ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
+                            sync_flush=store_config.flush is FlushMode.SYNC_FLUSH)
         engine.transactions.port = CheckBack(ctx)
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
