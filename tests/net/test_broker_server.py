@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from evq.domain.codes import ResponseCode
+from evq.domain.log import FlushMode
 from evq.domain.message import Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
 from evq.net.codes import RequestCode
@@ -174,7 +175,7 @@ async def test_ill_shaped_bodies_and_headers_are_refused_with_a_reason(tmp_path:
 
 
 async def test_sync_flush_broker_acknowledges_after_the_group_commit(tmp_path: Path) -> None:
-    async with broker(tmp_path, flush="SYNC_FLUSH") as b, \
+    async with broker(tmp_path, flush=FlushMode.SYNC_FLUSH) as b, \
             RemotingClient("127.0.0.1", b.server.port) as c:
         sends = [call(c, RequestCode.SEND_MESSAGE, send_fields("T"), bytes([i]))
                  for i in range(20)]
