@@ -75,6 +75,9 @@ def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
             m = message(topic, i)
             if mode == "sync":
                 r = producer.send_sync(m)
+            elif mode == "delay":
+                m.set_delay_time_level(1)  # 1 s with the default levels
+                r = producer.send_sync(m)
             elif mode == "orderly":
                 r = producer.send_orderly(m, i % 2)
             elif mode == "oneway":

@@ -94,3 +94,12 @@ def test_rebalance_gives_a_leaving_members_queues_to_the_rest(served: Served) ->
     stock("produce", served.namesrv, "T_rb", "sync", "20")
     seqs = {int(m["seq"]) for m in _consumed(collect(staying))}  # type: ignore[call-overload]
     assert set(range(20)) <= seqs
+
+
+def test_delay_level_holds_a_message_back(served: Served) -> None:
+    sent = stock("produce", served.namesrv, "T_dl", "delay", "3")
+    assert [s["status"] for s in sent] == ["OK"] * 3
+    assert stock("pull", served.namesrv, "T_dl", "G_dl") == []
+    time.sleep(2.5)
+    got = stock("pull", served.namesrv, "T_dl", "G_dl")
+    assert sorted(int(m["seq"]) for m in got) == [0, 1, 2]  # type: ignore[call-overload]
