@@ -440,8 +440,13 @@ class MmapMessageLog(MessageLog):
         return self._flusher
 
     def _flush_log(self, target: int) -> int:
-        """fdatasync every segment holding bytes below ``target``; returns the durable end."""
-        with self._put_lock:
+        """msync every segment holding bytes below ``target``; returns the durable end.
+
+        Not under the put lock: appends only add bytes past ``wrote`` and segments after the
+        last, so the segment list's own lock gives a consistent snapshot without making the
+        group commit queue behind writers.
+        """
+        with self._log.lock:
             files = list(self._log.files)
         for mf in files:
             if mf.flushed < mf.wrote and mf.start < target:
