@@ -14,8 +14,9 @@ Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout
 Entry *i* sits at ``40 + 4 * N + 20 * i``; ``prev`` chains entries of one bucket, newest
 first.  keyHash is :func:`evq.domain.hashing.index_key_hash` (CRC-32 where RocketMQ uses the
 Java string hash; see there why).  The header is rewritten with every put, in the same
-mapping, so a killed process leaves it consistent with the entries; recovery re-dispatch
-skips offsets below endPhyOffset.
+mapping, after the entries and the slots; recovery re-dispatch skips offsets below
+endPhyOffset.  Entries past ``indexCount`` are zero, except those a process killed in the
+middle of a put wrote: opening the file points their slots back at counted entries.
 
 Slots are little-endian where RocketMQ's are big-endian: every put reads and writes two of
 them at random places, and a native ``int`` view of the slot area does that in half the time
@@ -74,6 +75,7 @@ class IndexFile:
             (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.slots_used,
              self.count) = HEADER.unpack_from(self.file.mm, 0)
             self.count = max(1, min(self.count, max_entries))
+            self._drop_uncounted()
         self.file.wrote = size
 
     @property
@@ -94,6 +96,26 @@ class IndexFile:
         while slot_value >= self.count:
             slot_value = ENTRY.unpack_from(mm, base + slot_value * ENTRY_SIZE)[3]
         return max(slot_value, 0)
+
+    def _drop_uncounted(self) -> None:
+        """Forget entries a killed process wrote past ``count``.  Their slots name them: the
+        next puts would overwrite those entries and hang each such bucket's older chain off an
+        unrelated one, so the slots go back to their counted heads and the entries to zero."""
+        mm, slot = self.file.mm, self.slot
+        end = self.count
+        while end < self.max_entries:
+            entry = ENTRY.unpack_from(mm, self.base + end * ENTRY_SIZE)
+            if not any(entry):
+                break
+            s = entry[0] % self.slots
+            if slot[s] >= self.count:
+                slot[s] = self._head(slot[s])
+            end += 1
+        self._zero_entries(self.count, end)
+
+    def _zero_entries(self, start: int, end: int) -> None:
+        at = self.base + start * ENTRY_SIZE
+        self.file.mm[at : at + (end - start) * ENTRY_SIZE] = bytes((end - start) * ENTRY_SIZE)
 
     def put(self, items: list[tuple[tuple[int, ...], int]], store_ts: int) -> int:
         """Index ``(key hashes, log offset)`` items stored at ``store_ts``; returns how many
@@ -120,9 +142,7 @@ class IndexFile:
                 break
             for h in hashes:
                 s = h % slots
-                head = slot[s]
-                if head >= count:  # an entry a killed process wrote past the header's count
-                    head = self._head(head)
+                head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
                 if not head:
                     used += 1
                 pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
@@ -176,6 +196,7 @@ class IndexFile:
                 head = self.slot[s] = self._head(self.slot[s])
                 if head == 0:
                     self.slots_used -= 1
+        self._zero_entries(count, old)
         if count > 1:
             _, self.end_phys, diff, _ = ENTRY.unpack_from(mm, base + (count - 1) * ENTRY_SIZE)
             self.end_ts = self.begin_ts + diff * 1000  # whole seconds: never later than it was
