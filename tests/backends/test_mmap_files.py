@@ -23,8 +23,18 @@ from evq.backends.mmapfile.mapped_file import (
     msync,
     prefault,
 )
+from evq.backends.mmapfile.store import _NO_QUEUE_ENTRY
+from evq.domain import sysflag as sf
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import FlushMode
+
+
+def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
+    for sysflag in range(1 << 12):
+        assert bool(sysflag & _NO_QUEUE_ENTRY) == (
+            sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE
+        ), sysflag
+
 
 # --- msync and pre-faulting ----------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ _HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byt
 _STORE_AT = rec.store_timestamp_at(0)  # STORETIMESTAMP + STOREHOSTADDRESS, IPv4 hosts
 _STORE_END = _STORE_AT + _STORE_V4.size
 # Prepared (0x4) and rollback (0xC) records get no ConsumeQueue entry, commit (0x8) and
-# plain (0) ones do: one bit tells them apart (sf.NOT_CONSUMABLE, tested on the append path).
+# plain (0) ones do: the append path tests this one bit instead of sf.NOT_CONSUMABLE.
 _NO_QUEUE_ENTRY = sf.TRANSACTION_PREPARED_TYPE
 _MAX_CLOCK_SKEW_MS = 24 * 3600 * 1000
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
@@ -374,6 +374,7 @@ class MmapMessageLog(MessageLog):
             cqs, host = self._cqs, self._host
             store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
             min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
+            fits = seg - rec.BLANK_SIZE  # a record must leave room for the BLANK after it
             notify: list[Dispatched] | None = [] if self._subscribers else None
             indexed: list[tuple[tuple[int, ...], int]] = []
             pack_offsets = _OFFSETS.pack_into
@@ -384,7 +385,7 @@ class MmapMessageLog(MessageLog):
                 if not min_size <= n <= limit:
                     add(AppendResult(PutStatus.MESSAGE_ILLEGAL))
                     continue
-                if pos + n > seg - rec.BLANK_SIZE:
+                if pos + n > fits:
                     if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end has no room
                         _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
                     mf.wrote = seg
