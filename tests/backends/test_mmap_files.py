@@ -238,3 +238,50 @@ def test_waiters_time_out_while_the_log_flush_fails_and_succeed_once_it_works() 
         assert flusher.wait(1000, 5.0) is True
     finally:
         flusher.close()
+
+
+def test_a_round_waits_for_as_many_writers_as_the_last_one_served() -> None:
+    """Writers released together come back one by one: the next msync carries them all."""
+    written = [0]
+    rounds: list[int] = []  # requests parked so far, when each msync starts
+    started = threading.Semaphore(0)
+    finish = threading.Semaphore(0)
+    done: list[bool] = []
+
+    def flush_log(target: int) -> int:
+        rounds.append(written[0])
+        started.release()
+        finish.acquire(timeout=10)  # the test decides when each msync returns
+        return target
+
+    config = StoreConfig(flush=FlushMode.SYNC_FLUSH, flush_consume_queue_interval_ms=60_000)
+    flusher = Flusher(config, written=lambda: written[0], flush_log=flush_log,
+                      flush_projections=lambda: None, durable=0)
+
+    def park(n: int) -> None:
+        for _ in range(n):
+            written[0] += 1
+            flusher.request(written[0], done.append, 10.0)
+
+    try:
+        park(1)
+        assert started.acquire(timeout=10)  # round 1: the first request alone
+        park(3)
+        finish.release()
+        assert started.acquire(timeout=10)  # round 2: the three parked meanwhile
+        # Round 2's msync takes 0.3 s, so round 3 may wait that long for three writers.
+        threading.Timer(0.3, finish.release).start()
+        while len(done) < 4:
+            threading.Event().wait(0.001)
+        park(1)
+        threading.Event().wait(0.05)  # time enough to start a round on one request
+        park(2)
+        assert started.acquire(timeout=10)
+        finish.release()
+        while len(done) < 7:
+            threading.Event().wait(0.001)
+        assert rounds == [1, 4, 7] and all(done)
+    finally:
+        for _ in range(3):
+            finish.release()
+        flusher.close()

@@ -6,6 +6,12 @@ per round: the more writers wait, the more each flush carries (group commit).  U
 ASYNC_FLUSH it wakes every ``flush_interval_ms`` and flushes when at least
 ``flush_least_pages`` dirty pages wait, or unconditionally every ``flush_thorough_interval_ms``.
 
+A round does not start with the first request alone: the writers the last round released
+come back one after another, each appending first, and a round started on the first of them
+would leave the rest to the next msync, splitting the writers into groups that each wait for
+two flushes.  So a round waits until as many requests are parked as the last round served, or
+for as long as the last msync took, whichever comes first (RocketMQ's group commit waits too).
+
 The projection flusher writes consume queues, index and checkpoint back every
 ``flush_consume_queue_interval_ms``.  It has its own thread because a sync acknowledgement
 needs only the CommitLog on disk (recovery rebuilds the projections from it, as RocketMQ's
@@ -68,6 +74,7 @@ class Flusher:
         self.durable = durable
         self._cond = threading.Condition(threading.Lock())
         self._requests: list[tuple[int, DurableCallback, float]] = []
+        self._expected = 1  # requests the last round served: the round to come waits for them
         self._stopping = False
         self._stop_projections = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evq-flush", daemon=True)
@@ -87,7 +94,8 @@ class Flusher:
             return
         with self._cond:
             self._requests.append((end_offset, callback, time.monotonic() + timeout))
-            self._cond.notify()
+            if len(self._requests) in (1, self._expected):  # the idle or the gathering wait
+                self._cond.notify()
 
     def wait(self, end_offset: int, timeout: float) -> bool:
         if not self.sync or end_offset <= self.durable:
@@ -102,20 +110,25 @@ class Flusher:
         last_thorough = time.monotonic()
         # Under SYNC_FLUSH records appended without a waiter still reach the disk this often.
         idle = (cfg.flush_consume_queue_interval_ms if self.sync else cfg.flush_interval_ms) / 1000
+        gather = 0.0  # how long the last msync took
         while True:
             with self._cond:
                 if self.sync:
                     if not self._requests and not self._stopping:
                         self._cond.wait(timeout=idle)
+                    if 0 < len(self._requests) < self._expected and not self._stopping:
+                        self._cond.wait(timeout=gather)
                 else:
                     self._cond.wait_for(lambda: self._stopping, timeout=idle)
                 stopping = self._stopping
                 pending, self._requests = self._requests, []
+                self._expected = max(len(pending), 1)
             now = time.monotonic()
             try:
                 target = self._written()
                 if self.sync or stopping:
                     self.durable = self._flush_log(target)
+                    gather = time.monotonic() - now
                 elif (
                     target - self.durable >= cfg.flush_least_pages * PAGE
                     or now - last_thorough >= cfg.flush_thorough_interval_ms / 1000
