@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.flush import Flusher
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
@@ -26,7 +27,7 @@ from evq.backends.mmapfile.mapped_file import (
 from evq.backends.mmapfile.store import _NO_QUEUE_ENTRY
 from evq.domain import sysflag as sf
 from evq.domain.hashing import index_key_hash
-from evq.domain.log import FlushMode
+from evq.domain.log import AppendResult, FlushMode, PutStatus
 
 
 def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
@@ -34,6 +35,36 @@ def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
         assert bool(sysflag & _NO_QUEUE_ENTRY) == (
             sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE
         ), sysflag
+
+
+# --- append results ------------------------------------------------------------------------------
+
+
+_places = st.tuples(st.integers(0, 2**40), st.integers(91, 2**22), st.integers(0, 2**40))
+
+
+@given(st.lists(st.one_of(st.just(ILLEGAL), _places), max_size=6), st.integers(0, 2**41),
+       st.sampled_from([b"\x7f\0\0\1\0\0\x2a\x9f", bytes(20)]))
+def test_an_appended_batch_reads_as_the_list_of_its_results(
+    places: list[tuple[int, int, int]], now: int, host: bytes
+) -> None:
+    expected = [
+        AppendResult(PutStatus.MESSAGE_ILLEGAL) if p == ILLEGAL
+        else AppendResult(PutStatus.PUT_OK, *p, now, host)
+        for p in places
+    ]
+    batch = AppendedBatch(places, now, host)
+    assert len(batch) == len(expected)
+    assert list(batch) == expected and batch == expected and expected == batch
+    assert [batch[i] for i in range(-len(batch), len(batch))] == expected + expected
+    assert batch[1:] == expected[1:] and batch[::-1] == expected[::-1]
+    assert batch + batch == expected * 2
+    assert list(expected) + batch == expected * 2  # a list on the left: __radd__
+    assert repr(batch) == repr(expected)
+    if expected:
+        assert batch[-1].end_offset == expected[-1].end_offset
+    with pytest.raises(IndexError):
+        batch[len(batch)]
 
 
 # --- msync and pre-faulting ----------------------------------------------------------------------

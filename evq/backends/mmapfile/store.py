@@ -31,6 +31,7 @@ from pathlib import Path
 import structlog
 
 from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.flush import Flusher
@@ -41,7 +42,6 @@ from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
-    AppendResult,
     DispatchCallback,
     Dispatched,
     ExpiryReport,
@@ -50,7 +50,6 @@ from evq.domain.log import (
     LogClosed,
     LogLocked,
     MessageLog,
-    PutStatus,
     ReadResult,
     ReplicationError,
     TagFilter,
@@ -358,9 +357,8 @@ class MmapMessageLog(MessageLog):
 
     # --- writing -------------------------------------------------------------------------
 
-    def append(self, records: Sequence[rec.PutRecord]) -> list[AppendResult]:
-        results: list[AppendResult] = []
-        ok = PutStatus.PUT_OK
+    def append(self, records: Sequence[rec.PutRecord]) -> AppendedBatch:
+        places: list[tuple[int, int, int]] = []
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
@@ -378,12 +376,12 @@ class MmapMessageLog(MessageLog):
             notify: list[Dispatched] | None = [] if self._subscribers else None
             indexed: list[tuple[tuple[int, ...], int]] = []
             pack_offsets = _OFFSETS.pack_into
-            add, add_indexed = results.append, indexed.append
+            add, add_indexed = places.append, indexed.append
             for r in records:
                 data = r.data
                 n = len(data)
                 if not min_size <= n <= limit:
-                    add(AppendResult(PutStatus.MESSAGE_ILLEGAL))
+                    add(ILLEGAL)
                     continue
                 if pos + n > fits:
                     if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end has no room
@@ -401,7 +399,6 @@ class MmapMessageLog(MessageLog):
                     cq = cqs.get(key) or self._new_cq(*key)
                     qo = cq.next_offset
                     cq.next_offset = qo + 1
-                pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
                 # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
                 # the encoder), and decide where the store fields are patched.
                 v6 = data[39] & _HOST_V6
@@ -409,6 +406,9 @@ class MmapMessageLog(MessageLog):
                     self._patch_store_fields(mm, pos, v6, now)
                 else:
                     mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
+                # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
+                # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
+                pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
                 pos += n
                 mf.wrote = pos
                 if cq is not None:
@@ -419,7 +419,7 @@ class MmapMessageLog(MessageLog):
                 hashes = r.key_hashes
                 if hashes:
                     add_indexed((hashes, phys))
-                add(AppendResult(ok, phys, n, qo, now, host))
+                add((phys, n, qo))
             if indexed:
                 self._index.put(indexed, now)
             self._dispatched = start + pos
@@ -427,7 +427,7 @@ class MmapMessageLog(MessageLog):
                 self._warm_at = self._allocator.warm_ahead(mf, pos)
             if notify:
                 self._notify(notify)
-        return results
+        return AppendedBatch(places, now, host)
 
     def _patch_store_fields(self, mm: object, pos: int, flags: int, now: int) -> None:
         at = pos + rec.store_timestamp_at(flags)
