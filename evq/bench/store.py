@@ -11,7 +11,8 @@ One run measures, each phase on a fresh store directory under a scratch director
   assignment and nothing else: what any Python store must at least spend;
 * **sync**: ``producers`` threads each looping ``append([record])`` + ``wait_durable`` on a
   SYNC_FLUSH store (group commit), then the same with ``producers`` coroutines on one event
-  loop awaiting ``on_durable`` (how the network broker waits).
+  loop awaiting durability through one ``on_durable`` request a flush round
+  (:class:`DurableWaker`, how the network broker waits).
 
 Records are encoded once with :func:`~evq.domain.record.put_record` before anything is timed
 and spooled to disk in pickled chunks, so every phase appends the very same bytes without
@@ -19,12 +20,12 @@ re-encoding and without holding N records in memory.  Only the calls being measu
 the timed regions; loading the next chunk, progress bars and checks are outside.
 
 Each throughput phase waits after opening its store until the process is idle (:func:`settle`):
-a fresh mmap store faults in its first two segments in the background, and racing that halves
-the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
+a fresh store may still be creating and pre-faulting files in the background, and racing that
+skews the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
 wall-clock time, since on a shared machine the latter moves with everything else running.
 The floor's mapping is MAP_POPULATE'd, as the floor is defined: a shared file mapping
 populated that way still takes a light write fault on the first write to each page, which the
-store's allocator avoids by pre-faulting its segments writable off the hot path.
+store's allocator avoids by pre-faulting pages writable ahead of the writer, off the hot path.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ class Stopwatch:
 def settle(max_seconds: float = SETTLE_MAX_S) -> float:
     """Wait until this process is nearly idle; returns the seconds waited.
 
-    A freshly opened store pre-allocates and warms segments in the background (the mmap
-    backend faults in two 1 GiB segments); a long-running broker has that behind it, so the
+    A freshly opened store pre-allocates and warms files in the background (the mmap
+    backend creates its next segment); a long-running broker has that behind it, so the
     throughput phases start once it is done rather than racing it.
     """
     started = time.perf_counter()
