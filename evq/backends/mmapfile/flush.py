@@ -10,7 +10,7 @@ A round does not start with the first request alone: the writers the last round 
 come back one after another, each appending first, and a round started on the first of them
 would leave the rest to the next msync, splitting the writers into groups that each wait for
 two flushes.  So a round waits until as many requests are parked as the last round served, or
-for as long as the last msync took, whichever comes first (RocketMQ's group commit waits too).
+for as long as the last msync took, whichever comes first.
 
 The projection flusher writes consume queues, index and checkpoint back every
 ``flush_consume_queue_interval_ms``.  It has its own thread because a sync acknowledgement

@@ -131,9 +131,9 @@ class MappedFile:
     def flush(self) -> int:
         """msync what was written since the last flush; returns the new flushed position.
 
-        Only the written range: warming dirtied the whole segment with zeros, and an
-        fdatasync of the file would write all of them on the first flush of every segment
-        (0.7 s for 1 GiB here, on the sync-flush path) and undo the warming.
+        Only the written range: warming dirties pages ahead of the writer with zeros, and an
+        fdatasync of the file would write them too, on the sync-flush path, and undo the
+        warming.
         """
         target = self.wrote
         if target > self.flushed:
