@@ -1,6 +1,7 @@
 """IndexFile: the key index projection (``topic#KEY`` and ``topic#UNIQ_KEY`` -> log offsets).
 
-Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout, big-endian::
+Files live in ``index/<yyyyMMddHHmmssSSS>`` (creation time, local zone).  Layout, big-endian but
+for the slots::
 
     +------------------------------ header, 40 bytes ------------------------------+
     | 0 beginTimestamp 8 | 8 endTimestamp 8 | 16 beginPhyOffset 8 | 24 endPhyOffset 8 |
