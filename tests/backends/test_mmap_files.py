@@ -109,7 +109,8 @@ def test_prefault_maps_a_range_writable_so_writes_there_do_not_fault(tmp_path: P
         half = pages * mmap.PAGESIZE
         if not prefault(mf.mm, half - 100, half + 100):  # an unaligned start is rounded down
             pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
-        assert _faults_writing(mf.mm, half, 2 * half) == 0
+        # (Not exactly zero: writeback under memory pressure may clean a page meanwhile.)
+        assert _faults_writing(mf.mm, half, 2 * half) <= pages // 10
         assert _faults_writing(mf.mm, 0, half) >= pages // 2  # untouched pages do fault
     finally:
         mf.close()
@@ -147,7 +148,8 @@ def test_the_allocator_faults_in_the_chunks_ahead_of_the_writer(tmp_path: Path) 
         # for that) the chunks are warm.
         allocator.prefetch(mf)
         allocator.take(tmp_path / "00000000000012582912", mf.end, mf.size).destroy()
-        assert _faults_writing(mf.mm, WARM_CHUNK, 3 * WARM_CHUNK) == 0
+        pages = 2 * WARM_CHUNK // mmap.PAGESIZE
+        assert _faults_writing(mf.mm, WARM_CHUNK, 3 * WARM_CHUNK) <= pages // 10
     finally:
         allocator.close()
         mf.close()
