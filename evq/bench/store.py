@@ -11,7 +11,8 @@ One run measures, each phase on a fresh store directory under a scratch director
   assignment and nothing else: what any Python store must at least spend;
 * **sync**: ``producers`` threads each looping ``append([record])`` + ``wait_durable`` on a
   SYNC_FLUSH store (group commit), then the same with ``producers`` coroutines on one event
-  loop awaiting ``on_durable`` (how the network broker waits).
+  loop awaiting durability through one ``on_durable`` request a flush round
+  (:class:`DurableWaker`, how the network broker waits).
 
 Records are encoded once with :func:`~evq.domain.record.put_record` before anything is timed
 and spooled to disk in pickled chunks, so every phase appends the very same bytes without
@@ -19,12 +20,12 @@ re-encoding and without holding N records in memory.  Only the calls being measu
 the timed regions; loading the next chunk, progress bars and checks are outside.
 
 Each throughput phase waits after opening its store until the process is idle (:func:`settle`):
-a fresh mmap store faults in its first two segments in the background, and racing that halves
-the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
+a fresh store may still be creating and pre-faulting files in the background, and racing that
+skews the figures of short runs.  Appends and the floor report the timing thread's CPU time next to
 wall-clock time, since on a shared machine the latter moves with everything else running.
 The floor's mapping is MAP_POPULATE'd, as the floor is defined: a shared file mapping
 populated that way still takes a light write fault on the first write to each page, which the
-store's allocator avoids by pre-faulting its segments writable off the hot path.
+store's allocator avoids by pre-faulting pages writable ahead of the writer, off the hot path.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ class Stopwatch:
 def settle(max_seconds: float = SETTLE_MAX_S) -> float:
     """Wait until this process is nearly idle; returns the seconds waited.
 
-    A freshly opened store pre-allocates and warms segments in the background (the mmap
-    backend faults in two 1 GiB segments); a long-running broker has that behind it, so the
+    A freshly opened store pre-allocates and warms files in the background (the mmap
+    backend creates its next segment); a long-running broker has that behind it, so the
     throughput phases start once it is done rather than racing it.
     """
     started = time.perf_counter()
@@ -475,52 +476,78 @@ def sync_producers(
 
 
 class DurableWaker:
-    """Bridges the flusher thread to an event loop with one wake-up per flush round, not one
-    per message: completions are queued and drained by a single scheduled callback."""
+    """Awaits durability for many coroutines of one event loop with at most one
+    :meth:`~evq.domain.log.MessageLog.on_durable` request outstanding.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    A flush round covers everything appended before it started, so one request for the
+    highest waiting offset settles every waiter at once: the flusher calls back and wakes the
+    loop once per round instead of once per message, and each waiter costs the loop a future
+    and a list entry.  Waiters that came after the request are covered by the next one, made
+    when this one settles.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, store: MessageLog, timeout: float):
         self._loop = loop
-        self._done: list[tuple[asyncio.Future[bool], bool]] = []
-        self._lock = threading.Lock()
+        self._store = store
+        self._timeout = timeout
+        self._waiting: list[tuple[int, float, asyncio.Future[bool]]] = []
+        self._requested = False
 
-    def wait(self, store: MessageLog, end_offset: int, timeout: float) -> asyncio.Future[bool]:
+    def wait(self, end_offset: int) -> asyncio.Future[bool]:
+        """A future that becomes True once the log is durable up to ``end_offset``, False
+        if that takes longer than the timeout."""
         fut: asyncio.Future[bool] = self._loop.create_future()
-        store.on_durable(end_offset, lambda ok: self._complete(fut, ok), timeout)
+        self._waiting.append((end_offset, self._loop.time() + self._timeout, fut))
+        if not self._requested:
+            self._request()
         return fut
 
-    def _complete(self, fut: asyncio.Future[bool], ok: bool) -> None:
-        with self._lock:
-            first = not self._done
-            self._done.append((fut, ok))
-        if first:
-            self._loop.call_soon_threadsafe(self._drain)
+    def _request(self) -> None:
+        self._requested = True
+        end = max(e for e, _, _ in self._waiting)
+        timeout = max(0.0, min(d for _, d, _ in self._waiting) - self._loop.time())
+        loop, settle = self._loop, self._settle
+        self._store.on_durable(
+            end, lambda ok: loop.call_soon_threadsafe(settle, end, ok), timeout
+        )
 
-    def _drain(self) -> None:
-        with self._lock:
-            done, self._done = self._done, []
-        for fut, ok in done:
-            if not fut.done():
-                fut.set_result(ok)
+    def _settle(self, end: int, ok: bool) -> None:
+        self._requested = False
+        durable = self._store.durable_offset
+        if ok:  # durable as far as the flush policy asks, even if the disk lags (ASYNC_FLUSH)
+            durable = max(durable, end)
+        now = self._loop.time()
+        keep = []
+        for item in self._waiting:
+            end_offset, deadline, fut = item
+            if end_offset <= durable or now >= deadline:
+                if not fut.done():
+                    fut.set_result(end_offset <= durable)
+            else:
+                keep.append(item)
+        self._waiting = keep
+        if keep:
+            self._request()
 
 
 def sync_coroutines(
     store: MessageLog, records: list[PutRecord], producers: int
 ) -> tuple[float, int]:
     """``producers`` coroutines on one event loop, each appending one record at a time and
-    awaiting :meth:`~evq.domain.log.MessageLog.on_durable`: how the network broker waits, with
-    no thread hand-off per message; (seconds, timeouts)."""
+    awaiting its durability through a :class:`DurableWaker`: how the network broker waits,
+    with no thread hand-off per message; (seconds, timeouts)."""
     shares = [records[k::producers] for k in range(producers)]
 
     async def produce(mine: list[PutRecord], waker: DurableWaker) -> int:
         late = 0
         for r in mine:
             res = store.append([r])
-            if not await waker.wait(store, res[0].end_offset, SYNC_TIMEOUT_S):
+            if not await waker.wait(res[0].end_offset):
                 late += 1
         return late
 
     async def main() -> int:
-        waker = DurableWaker(asyncio.get_running_loop())
+        waker = DurableWaker(asyncio.get_running_loop(), store, SYNC_TIMEOUT_S)
         return sum(await asyncio.gather(*(produce(share, waker) for share in shares)))
 
     t0 = time.perf_counter()

@@ -161,13 +161,14 @@ class MessageLog(abc.ABC):
     # --- writing --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def append(self, records: Sequence[PutRecord]) -> list[AppendResult]:
-        """Append records in order, as one batch under the put lock.
+    def append(self, records: Sequence[PutRecord]) -> Sequence[AppendResult]:
+        """Append records in order, as one batch under the put lock; one result a record.
 
         Each gets its physical offset, the next queue offset of its (topic, queue) (prepared
         and rollback transaction records get queue offset 0 and no ConsumeQueue entry) and a
         store timestamp; those fields are patched into the bytes.  Durability is *not* awaited:
-        see :meth:`wait_durable`.
+        see :meth:`wait_durable`.  Any sequence will do (a list, or one that makes each result
+        when it is read, as the mmap backend's does).
         """
 
     @abc.abstractmethod

@@ -23,6 +23,7 @@ from evq.backends.rules import BLANK_ENTRY_SIZE, first_at_or_after
 
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
+_pack_entry = ENTRY.pack_into
 _BLANK = ENTRY.pack(0, BLANK_ENTRY_SIZE, 0)
 
 
@@ -44,8 +45,8 @@ class ConsumeQueue:
         if mf is None or not mf.start <= pos < mf.end:
             mf = self._segment_for(pos)
         rel = pos - mf.start
-        ENTRY.pack_into(mf.mm, rel, physical_offset, size, tags_code)
-        if rel + ENTRY_SIZE > mf.wrote:
+        _pack_entry(mf.mm, rel, physical_offset, size, tags_code)
+        if rel >= mf.wrote:  # positions are whole entries
             mf.wrote = rel + ENTRY_SIZE
 
     def _segment_for(self, pos: int) -> MappedFile:

@@ -1,11 +1,22 @@
 """Flush services: group commit for SYNC_FLUSH, a periodic flusher for ASYNC_FLUSH.
 
-One thread does both jobs.  Under SYNC_FLUSH writers park a request (log end offset, callback,
-deadline) and the thread serves all parked requests with a single fdatasync per round: the
-more writers wait, the more each flush carries (group commit).  Under ASYNC_FLUSH it wakes
-every ``flush_interval_ms`` and flushes when at least ``flush_least_pages`` dirty pages wait,
-or unconditionally every ``flush_thorough_interval_ms``.  Consume queues, index and checkpoint
-follow every ``flush_consume_queue_interval_ms``.
+Two threads.  The log flusher serves durability: under SYNC_FLUSH writers park a request (log
+end offset, callback, deadline) and the thread serves every parked request with a single msync
+per round: the more writers wait, the more each flush carries (group commit).  Under
+ASYNC_FLUSH it wakes every ``flush_interval_ms`` and flushes when at least
+``flush_least_pages`` dirty pages wait, or unconditionally every ``flush_thorough_interval_ms``.
+
+A round does not start with the first request alone: the writers the last round released
+come back one after another, each appending first, and a round started on the first of them
+would leave the rest to the next msync, splitting the writers into groups that each wait for
+two flushes.  So a round waits until as many requests are parked as the last round served, or
+for as long as the last msync took, whichever comes first.
+
+The projection flusher writes consume queues, index and checkpoint back every
+``flush_consume_queue_interval_ms``.  It has its own thread because a sync acknowledgement
+needs only the CommitLog on disk (recovery rebuilds the projections from it, as RocketMQ's
+does): flushing them in the group-commit thread held every waiting writer up for the tens of
+milliseconds an index write-back takes.
 
 Deadlines use real monotonic time, not the store's injected clock: a flush timeout is about
 the disk, not about message time.
@@ -28,6 +39,24 @@ PAGE = 4096
 DurableCallback = Callable[[bool], None]
 
 
+class _Wakeup:
+    """Parks one thread in :meth:`Flusher.wait` until the flusher calls it.
+
+    A bare lock acquired twice: the cheapest hand-off CPython has (``threading.Event`` runs a
+    Condition in Python code on both sides, several times the cost per acknowledgement)."""
+
+    __slots__ = ("lock", "ok")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.ok = False
+
+    def __call__(self, ok: bool) -> None:
+        self.ok = ok
+        self.lock.release()
+
+
 class Flusher:
     def __init__(
         self,
@@ -43,11 +72,17 @@ class Flusher:
         self._flush_log = flush_log
         self._flush_projections = flush_projections
         self.durable = durable
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._requests: list[tuple[int, DurableCallback, float]] = []
+        self._expected = 1  # requests the last round served: the round to come waits for them
         self._stopping = False
+        self._stop_projections = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evq-flush", daemon=True)
+        self._projector = threading.Thread(
+            target=self._run_projections, name="evq-flush-projections", daemon=True
+        )
         self._thread.start()
+        self._projector.start()
 
     @property
     def sync(self) -> bool:
@@ -59,56 +94,54 @@ class Flusher:
             return
         with self._cond:
             self._requests.append((end_offset, callback, time.monotonic() + timeout))
-            self._cond.notify()
+            if len(self._requests) in (1, self._expected):  # the idle or the gathering wait
+                self._cond.notify()
 
     def wait(self, end_offset: int, timeout: float) -> bool:
         if not self.sync or end_offset <= self.durable:
             return True
-        done = threading.Event()
-        result: list[bool] = []
-
-        def finish(ok: bool) -> None:
-            result.append(ok)
-            done.set()
-
-        self.request(end_offset, finish, timeout)
-        done.wait()
-        return result[0]
+        wakeup = _Wakeup()
+        self.request(end_offset, wakeup, timeout)
+        wakeup.lock.acquire()
+        return wakeup.ok
 
     def _run(self) -> None:
         cfg = self._cfg
-        last_projection = last_thorough = time.monotonic()
-        interval = cfg.flush_interval_ms / 1000
+        last_thorough = time.monotonic()
+        # Under SYNC_FLUSH records appended without a waiter still reach the disk this often.
+        idle = (cfg.flush_consume_queue_interval_ms if self.sync else cfg.flush_interval_ms) / 1000
+        gather = 0.0  # how long the last msync took
         while True:
             with self._cond:
                 if self.sync:
-                    while not self._requests and not self._stopping:
-                        if not self._cond.wait(timeout=cfg.flush_consume_queue_interval_ms / 1000):
-                            break
+                    if not self._requests and not self._stopping:
+                        self._cond.wait(timeout=idle)
+                    if 0 < len(self._requests) < self._expected and not self._stopping:
+                        self._cond.wait(timeout=gather)
                 else:
-                    self._cond.wait_for(lambda: self._stopping, timeout=interval)
+                    self._cond.wait_for(lambda: self._stopping, timeout=idle)
                 stopping = self._stopping
                 pending, self._requests = self._requests, []
+                self._expected = max(len(pending), 1)
             now = time.monotonic()
             try:
                 target = self._written()
                 if self.sync or stopping:
                     self.durable = self._flush_log(target)
+                    gather = time.monotonic() - now
                 elif (
                     target - self.durable >= cfg.flush_least_pages * PAGE
                     or now - last_thorough >= cfg.flush_thorough_interval_ms / 1000
                 ):
                     self.durable = self._flush_log(target)
                     last_thorough = now
-                if stopping or now - last_projection >= cfg.flush_consume_queue_interval_ms / 1000:
-                    self._flush_projections()
-                    last_projection = now
             except Exception:  # keep the service alive; waiters time out and see the error
                 log.exception("flush_failed")
             keep: list[tuple[int, DurableCallback, float]] = []
+            durable = self.durable
             for req in pending:
                 end, cb, deadline = req
-                if end <= self.durable:
+                if end <= durable:
                     cb(True)
                 elif now >= deadline or stopping:
                     cb(False)
@@ -121,7 +154,19 @@ class Flusher:
             if stopping:
                 return
 
+    def _run_projections(self) -> None:
+        interval = self._cfg.flush_consume_queue_interval_ms / 1000
+        while not self._stop_projections.wait(interval):
+            try:
+                self._flush_projections()
+            except Exception:
+                log.exception("projection_flush_failed")
+
     def close(self) -> None:
+        """Stop both threads; the log is flushed a last time, the projections are the
+        caller's to flush once appends have stopped."""
+        self._stop_projections.set()
+        self._projector.join()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()

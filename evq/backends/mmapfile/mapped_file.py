@@ -2,14 +2,21 @@
 
 A segment's name is its first byte's offset in the logical file, zero-padded to 20 digits
 (``00000000001073741824``), so a directory listing is the segment table.  Writers copy into
-the mapping and advance ``wrote``; flushers make ``[flushed, wrote)`` durable with fdatasync
-(dirty pages of a shared mapping are page cache pages, so that covers them).
+the mapping and advance ``wrote``; flushers make ``[flushed, wrote)`` durable with msync.
 
-A fresh page costs about 8 us on first write (allocation, zeroing, a write fault).  The
-:class:`Allocator` creates the next segment ahead of need and pre-faults it writable with
+A fresh page costs about 8 us on first write (allocation, zeroing, a write fault), and a page
+the kernel has written back costs a write fault again.  The :class:`Allocator` creates the
+next segment ahead of need and pre-faults pages writable a chunk ahead of the writer with
 ``madvise(MADV_POPULATE_WRITE)`` called through ctypes, which runs without the GIL: the
 append path then writes into pages that are already there, as RocketMQ's allocate-and-warm
-service arranges for its CommitLog.
+service arranges for its CommitLog.  Only a chunk ahead, not a whole segment: the kernel
+writes dirty pages back within ``dirty_expire`` (30 s) or as soon as they pile up past the
+background ratio, so most of a gigabyte warmed at once would be written to disk as zeros and
+be cold again before the writer got there.
+
+msync goes through ctypes too: CPython's ``mmap.flush`` holds the GIL for the whole system
+call (hundreds of microseconds to milliseconds on a real disk), which would stop every
+appending thread for the length of each group commit.
 """
 
 from __future__ import annotations
@@ -28,13 +35,17 @@ from evq.domain.log import LogError
 log = structlog.get_logger(__name__)
 
 NAME_DIGITS = 20
+WARM_CHUNK = 4 * 1024 * 1024  # pre-faulted ahead of the writer: ~1 ms to fault, ~10 ms to fill
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14; absent from Python's mmap constants on 3.11
+MS_SYNC = 4  # Linux; Python's mmap module does not export the msync flags
 
 _libc: ctypes.CDLL | None
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _libc.madvise.restype = ctypes.c_int
+    _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _libc.msync.restype = ctypes.c_int
 except (OSError, AttributeError):  # pragma: no cover - non-Linux
     _libc = None
 
@@ -43,16 +54,33 @@ def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
 
 
-def prefault(mm: mmap.mmap, size: int) -> bool:
-    """Fault every page of ``mm`` in writable, without holding the GIL; False if unsupported."""
-    if _libc is None or size == 0:
-        return False
+def _address(mm: mmap.mmap) -> int:
     view = ctypes.c_char.from_buffer(mm)
     try:
-        addr = ctypes.addressof(view)
+        return ctypes.addressof(view)
     finally:
         del view  # release the buffer export so the mapping can be closed later
-    return _libc.madvise(addr, size, MADV_POPULATE_WRITE) == 0
+
+
+def prefault(mm: mmap.mmap, size: int, offset: int = 0) -> bool:
+    """Fault the pages of ``mm[offset:offset + size]`` in writable, without holding the GIL;
+    False if unsupported."""
+    if _libc is None or size <= 0:
+        return False
+    start = offset - offset % mmap.PAGESIZE
+    return _libc.madvise(_address(mm) + start, size + offset - start, MADV_POPULATE_WRITE) == 0
+
+
+def msync(mm: mmap.mmap, start: int, length: int) -> None:
+    """``mm.flush(start, length)`` without holding the GIL (``start`` page-aligned)."""
+    if _libc is None:  # pragma: no cover - non-Linux
+        mm.flush(start, length)
+        return
+    if mm.closed:
+        raise ValueError("mmap closed or invalid")
+    if _libc.msync(_address(mm) + start, length, MS_SYNC) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 class StoreLayoutError(LogError, ValueError):
@@ -81,12 +109,13 @@ def zero_tail(mm: mmap.mmap, pos: int) -> int:
 class MappedFile:
     """One segment: a file of ``size`` bytes mapped shared, read-write."""
 
-    __slots__ = ("fd", "flushed", "mm", "path", "size", "start", "wrote")
+    __slots__ = ("end", "fd", "flushed", "mm", "path", "size", "start", "wrote")
 
-    def __init__(self, path: Path, start: int, size: int, *, create: bool, warm: bool = False):
+    def __init__(self, path: Path, start: int, size: int, *, create: bool):
         self.path = path
         self.start = start
         self.size = size
+        self.end = start + size  # an attribute, not a property: the append path reads it
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self.fd = os.open(path, flags, 0o644)
         try:
@@ -96,30 +125,20 @@ class MappedFile:
         except BaseException:
             os.close(self.fd)
             raise
-        if warm:
-            prefault(self.mm, size)
         self.wrote = 0
         self.flushed = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-    @property
-    def free(self) -> int:
-        return self.size - self.wrote
 
     def flush(self) -> int:
         """msync what was written since the last flush; returns the new flushed position.
 
-        Only the written range: warming dirtied the whole segment with zeros, and an
-        fdatasync of the file would write all of them on the first flush of every segment
-        (0.7 s for 1 GiB here, on the sync-flush path) and undo the warming.
+        Only the written range: warming dirties pages ahead of the writer with zeros, and an
+        fdatasync of the file would write them too, on the sync-flush path, and undo the
+        warming.
         """
         target = self.wrote
         if target > self.flushed:
             start = self.flushed - self.flushed % mmap.ALLOCATIONGRANULARITY
-            self.mm.flush(start, target - start)
+            msync(self.mm, start, target - start)
             self.flushed = target
         return self.flushed
 
@@ -137,18 +156,19 @@ class MappedFile:
 
 
 class Allocator:
-    """Creates and warms segments in a background thread, off the append path.
+    """Creates segments and faults their pages in from a background thread, off the append path.
 
-    :meth:`take` returns the pre-built segment for a path if there is one, else builds it cold
-    and has it warmed; either way it asks for the segment after it, so steady-state appends
-    never wait for a file to be created or a page to be faulted in.
+    :meth:`take` returns the pre-built segment for a path if there is one, else builds it cold;
+    either way it asks for the segment after it.  A built segment has its first chunk faulted
+    in; the writer asks for each next chunk as it goes (:meth:`warm_ahead`), so steady-state
+    appends never wait for a file to be created or a page to be faulted in.
     """
 
     def __init__(self, *, warm: bool = True):
         self._warm = warm
         self._lock = threading.Condition()
         self._build: dict[Path, tuple[int, int]] = {}
-        self._to_warm: list[MappedFile] = []
+        self._to_warm: list[tuple[MappedFile, int, int]] = []
         self._ready: dict[Path, MappedFile] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="evq-allocate", daemon=True)
@@ -161,22 +181,30 @@ class Allocator:
             mf = self._ready.pop(path, None)
         if mf is None:
             mf = MappedFile(path, start, size, create=True)
-            self._request(warm=mf)
         self.prefetch(mf)
         return mf
 
-    def warm(self, mf: MappedFile) -> None:
-        """Fault in ``mf``'s pages in the background (a segment reopened after a restart)."""
-        self._request(warm=mf)
+    def warm_ahead(self, mf: MappedFile, pos: int) -> int:
+        """Fault in ``mf``'s pages from ``pos`` to the end of the chunk after the one holding
+        ``pos``, in the background; returns the log offset at which to ask again (the next
+        chunk boundary, where a whole chunk is still warm ahead)."""
+        chunk = pos // WARM_CHUNK + 1
+        end = min(mf.size, (chunk + 1) * WARM_CHUNK)
+        if end > pos:
+            self._request(warm=(mf, pos, end - pos))
+        return mf.start + min(mf.size, chunk * WARM_CHUNK)
 
     def prefetch(self, current: MappedFile) -> None:
-        """Build (and warm) the segment that will follow ``current``."""
+        """Build the segment that will follow ``current``."""
         nxt = current.path.parent / segment_name(current.end)
         if nxt not in self._ready and not nxt.exists():
             self._request(build=(nxt, current.end, current.size))
 
     def _request(
-        self, *, warm: MappedFile | None = None, build: tuple[Path, int, int] | None = None
+        self,
+        *,
+        warm: tuple[MappedFile, int, int] | None = None,
+        build: tuple[Path, int, int] | None = None,
     ) -> None:
         with self._lock:
             if self._closed:
@@ -197,20 +225,23 @@ class Allocator:
                 warm = self._to_warm.pop(0) if self._to_warm else None
                 job = next(iter(self._build.items())) if warm is None else None
             if warm is not None:
+                mf, offset, size = warm
                 with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                    prefault(warm.mm, warm.size)
+                    prefault(mf.mm, size, offset)
                 continue
             assert job is not None
             path, (start, size) = job
-            mf: MappedFile | None = None
+            mf_new: MappedFile | None = None
             try:
-                mf = MappedFile(path, start, size, create=True, warm=self._warm)
+                mf_new = MappedFile(path, start, size, create=True)
             except OSError as exc:
                 log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
+            if mf_new is not None and self._warm:
+                prefault(mf_new.mm, min(size, WARM_CHUNK))
             with self._lock:
                 self._build.pop(path, None)
-                if mf is not None:
-                    self._ready[path] = mf
+                if mf_new is not None:
+                    self._ready[path] = mf_new
                 self._lock.notify_all()
 
     def close(self) -> None:

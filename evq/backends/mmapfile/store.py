@@ -33,6 +33,7 @@ import structlog
 
 from evq.backends import rules
 from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.flush import Flusher
@@ -43,7 +44,6 @@ from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
-    AppendResult,
     DispatchCallback,
     Dispatched,
     ExpiryReport,
@@ -52,7 +52,6 @@ from evq.domain.log import (
     LogClosed,
     LogLocked,
     MessageLog,
-    PutStatus,
     ReadResult,
     ReplicationError,
     TagFilter,
@@ -69,6 +68,11 @@ _INT64 = rec.INT64
 _INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
 _HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
+_STORE_AT = rec.store_timestamp_at(0)  # STORETIMESTAMP + STOREHOSTADDRESS, IPv4 hosts
+_STORE_END = _STORE_AT + _STORE_V4.size
+# Prepared (0x4) and rollback (0xC) records get no ConsumeQueue entry, commit (0x8) and
+# plain (0) ones do: the append path tests this one bit instead of sf.NOT_CONSUMABLE.
+_NO_QUEUE_ENTRY = sf.TRANSACTION_PREPARED_TYPE
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 
 
@@ -105,6 +109,7 @@ class MmapMessageLog(MessageLog):
         self._dispatched = 0  # log offset up to which projections are applied
         self._lock_fd = -1
         self._allocator = Allocator(warm=config.warm_segments)
+        self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries)
@@ -161,11 +166,9 @@ class MmapMessageLog(MessageLog):
         _fsync_dir(root)
         last = self._log.last()
         if last is None:
-            last = self._log.new_segment(0)
+            self._log.new_segment(0)
         else:
             self._allocator.prefetch(last)
-            if last.wrote < last.size:
-                self._allocator.warm(last)
         self._flusher = Flusher(
             self.config, written=lambda: self.max_physical_offset, flush_log=self._flush_log,
             flush_projections=self._flush_projections, durable=self.max_physical_offset,
@@ -350,9 +353,8 @@ class MmapMessageLog(MessageLog):
 
     # --- writing -------------------------------------------------------------------------
 
-    def append(self, records: Sequence[rec.PutRecord]) -> list[AppendResult]:
-        results: list[AppendResult] = []
-        ok = PutStatus.PUT_OK
+    def append(self, records: Sequence[rec.PutRecord]) -> AppendedBatch:
+        places: list[tuple[int, int, int]] = []
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
@@ -364,29 +366,28 @@ class MmapMessageLog(MessageLog):
             mf = self._log.files[-1]
             mm, start, pos, seg = mf.mm, mf.start, mf.wrote, mf.size
             cqs, host = self._cqs, self._host
-            limit = self._max_record
+            store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
+            min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
+            fits = seg - rec.BLANK_SIZE  # a record must leave room for the BLANK after it
             notify: list[Dispatched] | None = [] if self._subscribers else None
             indexed: list[tuple[tuple[int, ...], int]] = []
-            pack_offsets, pack_store = _OFFSETS.pack_into, _STORE_V4.pack_into
-            add = results.append
+            pack_offsets = _OFFSETS.pack_into
+            add, add_indexed = places.append, indexed.append
             for r in records:
                 data = r.data
                 n = len(data)
-                if n > limit or n < rec.MIN_RECORD_SIZE:
-                    add(AppendResult(PutStatus.MESSAGE_ILLEGAL))
+                if not min_size <= n <= limit:
+                    add(ILLEGAL)
                     continue
-                if not rules.fits(pos, n, seg):
-                    if pos + 8 <= seg:  # a log cut exactly at a segment end has no room
+                if pos + n > fits:
+                    if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end has no room
                         _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
                     mf.wrote = seg
                     mf = self._log.new_segment(mf.end)
                     mm, start, pos = mf.mm, mf.start, 0
                 phys = start + pos
                 mm[pos : pos + n] = data
-                # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
-                # the encoder), and decide where the store fields are patched.
-                flags = (r.sysflag & ~_HOST_V6) | (data[39] & _HOST_V6)
-                if flags & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE:
+                if r.sysflag & _NO_QUEUE_ENTRY:
                     qo = 0
                     cq = None
                 else:
@@ -394,27 +395,35 @@ class MmapMessageLog(MessageLog):
                     cq = cqs.get(key) or self._new_cq(*key)
                     qo = cq.next_offset
                     cq.next_offset = qo + 1
-                pack_offsets(mm, pos + 20, qo, phys)
-                if flags & (sf.BORNHOST_V6 | sf.STOREHOST_V6):
-                    self._patch_store_fields(mm, pos, flags, now)
+                # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
+                # the encoder), and decide where the store fields are patched.
+                v6 = data[39] & _HOST_V6
+                if v6:
+                    self._patch_store_fields(mm, pos, v6, now)
                 else:
-                    pack_store(mm, pos + 56, now, host)
+                    mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
+                # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
+                # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
+                pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
                 pos += n
                 mf.wrote = pos
                 if cq is not None:
                     cq.put(qo, phys, n, r.tags_code)
                     if notify is not None:
                         notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
-                                                 now, flags))
-                if r.key_hashes:
-                    indexed.append((r.key_hashes, phys))
-                add(AppendResult(ok, phys, n, qo, now, host))
+                                                 now, r.sysflag & ~_HOST_V6 | v6))
+                hashes = r.key_hashes
+                if hashes:
+                    add_indexed((hashes, phys))
+                add((phys, n, qo))
             if indexed:
                 self._index.put(indexed, now)
             self._dispatched = start + pos
+            if start + pos >= self._warm_at:
+                self._warm_at = self._allocator.warm_ahead(mf, pos)
             if notify:
                 self._notify(notify)
-        return results
+        return AppendedBatch(places, now, host)
 
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
         rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]
@@ -431,8 +440,13 @@ class MmapMessageLog(MessageLog):
         return self._flusher
 
     def _flush_log(self, target: int) -> int:
-        """fdatasync every segment holding bytes below ``target``; returns the durable end."""
-        with self._put_lock:
+        """msync every segment holding bytes below ``target``; returns the durable end.
+
+        Not under the put lock: appends only add bytes past ``wrote`` and segments after the
+        last, so the segment list's own lock gives a consistent snapshot without making the
+        group commit queue behind writers.
+        """
+        with self._log.lock:
             files = list(self._log.files)
         for mf in files:
             if mf.flushed < mf.wrote and mf.start < target:

@@ -1,0 +1,68 @@
+"""What one :meth:`MmapMessageLog.append` call returns: its records' places, kept compactly.
+
+Building an :class:`~evq.domain.log.AppendResult` per record cost a sixth of the append path
+(an attrs ``__init__`` call and an object each), while a caller usually reads one of them, the
+last end offset to wait for.  So the loop keeps one ``(physical offset, size, queue offset)``
+tuple a record and the results are made when they are read; the batch shares its status, store
+time and host.  It behaves as the list of results did where callers used one: indexing,
+slicing, iteration, ``len``, ``==`` and ``+`` (which gives a list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+from evq.domain.log import AppendResult, PutStatus
+
+ILLEGAL = (-1, 0, -1)
+"""The place of a record the log refused (MESSAGE_ILLEGAL): AppendResult's defaults."""
+
+
+class AppendedBatch(Sequence[AppendResult]):
+    __slots__ = ("_host", "_places", "_store_timestamp")
+
+    def __init__(self, places: list[tuple[int, int, int]], store_timestamp: int, host: bytes):
+        self._places = places
+        self._store_timestamp = store_timestamp
+        self._host = host
+
+    def _result(self, place: tuple[int, int, int]) -> AppendResult:
+        if place[0] < 0:
+            return AppendResult(PutStatus.MESSAGE_ILLEGAL)
+        physical, size, queue_offset = place
+        return AppendResult(PutStatus.PUT_OK, physical, size, queue_offset,
+                            self._store_timestamp, self._host)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    @overload
+    def __getitem__(self, index: int) -> AppendResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[AppendResult]: ...
+
+    def __getitem__(self, index: int | slice) -> AppendResult | list[AppendResult]:
+        if isinstance(index, slice):
+            return [self._result(p) for p in self._places[index]]
+        return self._result(self._places[index])
+
+    def __iter__(self) -> Iterator[AppendResult]:
+        return map(self._result, self._places)
+
+    def __add__(self, other: Sequence[AppendResult]) -> list[AppendResult]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[AppendResult]) -> list[AppendResult]:
+        return [*other, *self]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))

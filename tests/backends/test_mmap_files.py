@@ -1,0 +1,320 @@
+"""The mmap backend's building blocks on their own: msync and pre-faulting, the allocator's
+warm-ahead chunks, the IndexFile's slots and chains, and the flusher's two threads."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import resource
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.backends.config import StoreConfig
+from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
+from evq.backends.mmapfile.flush import Flusher
+from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
+from evq.backends.mmapfile.mapped_file import (
+    WARM_CHUNK,
+    Allocator,
+    MappedFile,
+    msync,
+    prefault,
+)
+from evq.backends.mmapfile.store import _NO_QUEUE_ENTRY
+from evq.domain import sysflag as sf
+from evq.domain.hashing import index_key_hash
+from evq.domain.log import AppendResult, FlushMode, PutStatus
+
+
+def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
+    for sysflag in range(1 << 12):
+        assert bool(sysflag & _NO_QUEUE_ENTRY) == (
+            sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE
+        ), sysflag
+
+
+# --- append results ------------------------------------------------------------------------------
+
+
+_places = st.tuples(st.integers(0, 2**40), st.integers(91, 2**22), st.integers(0, 2**40))
+
+
+@given(st.lists(st.one_of(st.just(ILLEGAL), _places), max_size=6), st.integers(0, 2**41),
+       st.sampled_from([b"\x7f\0\0\1\0\0\x2a\x9f", bytes(20)]))
+def test_an_appended_batch_reads_as_the_list_of_its_results(
+    places: list[tuple[int, int, int]], now: int, host: bytes
+) -> None:
+    expected = [
+        AppendResult(PutStatus.MESSAGE_ILLEGAL) if p == ILLEGAL
+        else AppendResult(PutStatus.PUT_OK, *p, now, host)
+        for p in places
+    ]
+    batch = AppendedBatch(places, now, host)
+    assert len(batch) == len(expected)
+    assert list(batch) == expected and batch == expected and expected == batch
+    assert [batch[i] for i in range(-len(batch), len(batch))] == expected + expected
+    assert batch[1:] == expected[1:] and batch[::-1] == expected[::-1]
+    assert batch + batch == expected * 2
+    assert list(expected) + batch == expected * 2  # a list on the left: __radd__
+    assert repr(batch) == repr(expected)
+    if expected:
+        assert batch[-1].end_offset == expected[-1].end_offset
+    with pytest.raises(IndexError):
+        batch[len(batch)]
+
+
+# --- msync and pre-faulting ----------------------------------------------------------------------
+
+
+def _mapped(tmp_path: Path, size: int) -> MappedFile:
+    return MappedFile(tmp_path / "seg", 0, size, create=True)
+
+
+def test_msync_writes_a_range_and_refuses_a_closed_mapping(tmp_path: Path) -> None:
+    mf = _mapped(tmp_path, 4 * mmap.PAGESIZE)
+    mf.mm[mmap.PAGESIZE : mmap.PAGESIZE + 5] = b"hello"
+    msync(mf.mm, mmap.PAGESIZE, mmap.PAGESIZE)
+    with (tmp_path / "seg").open("rb") as f:  # the file, not the mapping, holds the bytes
+        f.seek(mmap.PAGESIZE)
+        assert f.read(5) == b"hello"
+    mf.close()
+    with pytest.raises(ValueError, match="closed"):
+        msync(mf.mm, 0, mmap.PAGESIZE)
+
+
+def test_msync_outside_the_mapping_is_an_os_error(tmp_path: Path) -> None:
+    mf = _mapped(tmp_path, mmap.PAGESIZE)
+    try:
+        with pytest.raises(OSError):
+            msync(mf.mm, 64 * 1024 * 1024 * 1024, mmap.PAGESIZE)
+    finally:
+        mf.close()
+
+
+def _faults_writing(mm: mmap.mmap, start: int, end: int) -> int:
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for pos in range(start, end, mmap.PAGESIZE):
+        mm[pos] = 1
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+
+def test_prefault_maps_a_range_writable_so_writes_there_do_not_fault(tmp_path: Path) -> None:
+    pages = 64
+    mf = _mapped(tmp_path, 2 * pages * mmap.PAGESIZE)
+    try:
+        half = pages * mmap.PAGESIZE
+        if not prefault(mf.mm, half - 100, half + 100):  # an unaligned start is rounded down
+            pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+        # (Not exactly zero: writeback under memory pressure may clean a page meanwhile.)
+        assert _faults_writing(mf.mm, half, 2 * half) <= pages // 10
+        assert _faults_writing(mf.mm, 0, half) >= pages // 2  # untouched pages do fault
+    finally:
+        mf.close()
+
+
+# --- the allocator -----------------------------------------------------------------------------
+
+
+def test_warm_ahead_asks_again_at_each_chunk_boundary_and_at_the_segment_end(
+    tmp_path: Path,
+) -> None:
+    allocator = Allocator(warm=False)  # the offsets are the point here, not the faulting
+    try:
+        size = 3 * WARM_CHUNK + WARM_CHUNK // 2
+        start = 10 * size
+        mf = MappedFile(tmp_path / "seg", start, size, create=True)
+        assert allocator.warm_ahead(mf, 0) == start + WARM_CHUNK
+        assert allocator.warm_ahead(mf, WARM_CHUNK - 1) == start + WARM_CHUNK
+        assert allocator.warm_ahead(mf, WARM_CHUNK) == start + 2 * WARM_CHUNK
+        assert allocator.warm_ahead(mf, 3 * WARM_CHUNK) == start + size  # the last, short one
+        assert allocator.warm_ahead(mf, size) == start + size
+        mf.close()
+    finally:
+        allocator.close()
+
+
+def test_the_allocator_faults_in_the_chunks_ahead_of_the_writer(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / "00000000000000000000", 0, 3 * WARM_CHUNK, create=True)
+    if not prefault(mf.mm, mmap.PAGESIZE):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    allocator = Allocator()
+    try:
+        allocator.warm_ahead(mf, WARM_CHUNK)
+        # The thread warms before it builds, so once the next segment is built (take waits
+        # for that) the chunks are warm.
+        allocator.prefetch(mf)
+        allocator.take(tmp_path / "00000000000012582912", mf.end, mf.size).destroy()
+        pages = 2 * WARM_CHUNK // mmap.PAGESIZE
+        assert _faults_writing(mf.mm, WARM_CHUNK, 3 * WARM_CHUNK) <= pages // 10
+    finally:
+        allocator.close()
+        mf.close()
+
+
+# --- the IndexFile -------------------------------------------------------------------------------
+
+TS = 1_700_000_000_000
+KEYS = [f"k{i}" for i in range(12)]
+
+
+def _service(tmp_path: Path, slots: int = 7, entries: int = 40) -> IndexService:
+    return IndexService(tmp_path / "index", slots, entries)
+
+
+def _hashes(*keys: str) -> tuple[int, ...]:
+    return tuple(index_key_hash("T", k) for k in keys)
+
+
+@given(st.lists(st.lists(st.lists(st.sampled_from(KEYS), min_size=1, max_size=4), max_size=8),
+                max_size=12))
+def test_index_finds_every_key_newest_first_across_collisions_and_files(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[list[str]]]
+) -> None:
+    """Seven slots for twelve keys: buckets are shared within and across batches, a key may
+    repeat inside one record, and forty entries a file make the service roll files."""
+    service = _service(tmp_path_factory.mktemp("idx"))
+    model: dict[str, list[int]] = {k: [] for k in KEYS}
+    phys = 0
+    try:
+        for batch in batches:
+            items = []
+            for keys in batch:
+                items.append((_hashes(*keys), phys))
+                for k in keys:
+                    model[k].append(phys)
+                phys += 100
+            service.put(items, TS)
+        for k, offsets in model.items():
+            assert service.lookup("T", k, 0, TS + 1000, 10_000) == offsets[::-1]
+    finally:
+        service.close()
+
+
+def test_index_slots_are_little_endian_entry_numbers(tmp_path: Path) -> None:
+    service = _service(tmp_path, slots=1009, entries=100)
+    (h,) = _hashes("order-1")
+    service.put([((h,), 0), ((h,), 100)], TS)
+    f = service.files[-1]
+    at = HEADER_SIZE + (h % 1009) * 4
+    assert bytes(f.file.mm[at : at + 4]) == (2).to_bytes(4, "little")  # entry 2 is the newest
+    service.close()
+
+
+def test_entries_a_killed_process_wrote_past_the_header_keep_older_chains(tmp_path: Path) -> None:
+    """A process killed after writing entries and slots but before the header leaves slots
+    naming entries past ``count``; the next puts overwrite those entries and must still chain
+    to everything the header counted."""
+    path = tmp_path / "index" / "0"
+    path.parent.mkdir()
+    f = IndexFile(path, 7, 100, create=True)
+    older = [((h,), 100 * i) for i, h in enumerate(_hashes(*KEYS))]
+    f.put(older, TS)
+    counted = HEADER.unpack_from(f.file.mm, 0)
+    f.put([(_hashes(*KEYS[:5]), 5000), (_hashes(*KEYS[5:]), 6000)], TS)
+    HEADER.pack_into(f.file.mm, 0, *counted)  # the header never got past the first batch
+    f.close()
+    service = _service(tmp_path, slots=7, entries=100)
+    service.load()
+    try:
+        service.put([(_hashes("k3"), 7000)], TS)
+        for i, k in enumerate(KEYS):
+            expected = [7000, 300] if k == "k3" else [100 * i]
+            assert service.lookup("T", k, 0, TS + 1000, 100) == expected
+    finally:
+        service.close()
+
+
+# --- the flusher ---------------------------------------------------------------------------------
+
+
+def _flusher(flush_log: object, flush_projections: object, **cfg: object) -> Flusher:
+    config = StoreConfig(flush=FlushMode.SYNC_FLUSH, **cfg)  # type: ignore[arg-type]
+    written = [1000]
+    return Flusher(config, written=lambda: written[0], flush_log=flush_log,  # type: ignore[arg-type]
+                   flush_projections=flush_projections, durable=0)  # type: ignore[arg-type]
+
+
+def test_sync_acknowledgements_do_not_wait_for_projection_flushes(tmp_path: Path) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow_projections() -> None:
+        started.set()
+        release.wait(10)
+
+    flusher = _flusher(lambda target: target, slow_projections,
+                       flush_consume_queue_interval_ms=1)
+    try:
+        assert started.wait(10)  # the projection thread is stuck in its flush
+        assert flusher.wait(1000, 5.0) is True
+        assert flusher.durable == 1000
+    finally:
+        release.set()
+        flusher.close()
+
+
+def test_waiters_time_out_while_the_log_flush_fails_and_succeed_once_it_works() -> None:
+    failing = [True]
+
+    def flush_log(target: int) -> int:
+        if failing[0]:
+            raise OSError(5, os.strerror(5))
+        return target
+
+    flusher = _flusher(flush_log, lambda: None)
+    try:
+        assert flusher.wait(1000, 0.05) is False
+        failing[0] = False
+        assert flusher.wait(1000, 5.0) is True
+    finally:
+        flusher.close()
+
+
+def test_a_round_waits_for_as_many_writers_as_the_last_one_served() -> None:
+    """Writers released together come back one by one: the next msync carries them all."""
+    written = [0]
+    rounds: list[int] = []  # requests parked so far, when each msync starts
+    started = threading.Semaphore(0)
+    finish = threading.Semaphore(0)
+    done: list[bool] = []
+
+    def flush_log(target: int) -> int:
+        rounds.append(written[0])
+        started.release()
+        finish.acquire(timeout=10)  # the test decides when each msync returns
+        return target
+
+    config = StoreConfig(flush=FlushMode.SYNC_FLUSH, flush_consume_queue_interval_ms=60_000)
+    flusher = Flusher(config, written=lambda: written[0], flush_log=flush_log,
+                      flush_projections=lambda: None, durable=0)
+
+    def park(n: int) -> None:
+        for _ in range(n):
+            written[0] += 1
+            flusher.request(written[0], done.append, 10.0)
+
+    try:
+        park(1)
+        assert started.acquire(timeout=10)  # round 1: the first request alone
+        park(3)
+        finish.release()
+        assert started.acquire(timeout=10)  # round 2: the three parked meanwhile
+        # Round 2's msync takes 0.3 s, so round 3 may wait that long for three writers.
+        threading.Timer(0.3, finish.release).start()
+        while len(done) < 4:
+            threading.Event().wait(0.001)
+        park(1)
+        threading.Event().wait(0.05)  # time enough to start a round on one request
+        park(2)
+        assert started.acquire(timeout=10)
+        finish.release()
+        while len(done) < 7:
+            threading.Event().wait(0.001)
+        assert rounds == [1, 4, 7] and all(done)
+    finally:
+        for _ in range(3):
+            finish.release()
+        flusher.close()
