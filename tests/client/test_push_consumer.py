@@ -1,0 +1,129 @@
+"""Push consumers against a real ``evq serve``: delivery, retries, splitting, broadcasting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from evq.client.consumer import (
+    ConsumeFrom,
+    ConsumeResult,
+    ConsumerOptions,
+    MessageModel,
+    PushConsumer,
+)
+from evq.client.errors import ClientError
+from evq.client.producer import Producer
+from evq.client.pull_consumer import PullConsumer
+from evq.domain.message import Message, new_message
+from tests.client.conftest import Served
+
+FAST = ConsumerOptions(rebalance_s=0.5, retry_delay_level=1, consume_from=ConsumeFrom.FIRST_OFFSET)
+
+
+class Inbox:
+    """What a listener received, awaitable until a condition holds."""
+
+    def __init__(self, fail_first: set[bytes] = frozenset()) -> None:  # type: ignore[assignment]
+        self.got: list[Message] = []
+        self._fail = set(fail_first)
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, msgs: list[Message]) -> ConsumeResult:
+        async with self._changed:
+            self.got += msgs
+            self._changed.notify_all()
+        if any(m.payload() in self._fail for m in msgs):
+            self._fail -= {m.payload() for m in msgs}
+            return ConsumeResult.RECONSUME_LATER
+        return ConsumeResult.CONSUME_SUCCESS
+
+    def payloads(self) -> list[bytes]:
+        return [m.payload() for m in self.got]
+
+    async def until(self, n: int, timeout: float = 20) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: len(self.got) >= n)
+
+
+async def produce(namesrv: str, topic: str, bodies: list[bytes], tags: str = "a") -> None:
+    async with Producer("PG", namesrv) as p:
+        for b in bodies:
+            await p.send(new_message(topic, b, tags=tags))
+
+
+async def test_round_trip_with_tag_filter_and_committed_offsets(served: Served) -> None:
+    await produce(served.namesrv, "P1", [b"%d" % i for i in range(10)])
+    await produce(served.namesrv, "P1", [b"other"], tags="b")
+    inbox = Inbox()
+    c = PushConsumer("G1", served.namesrv, listener=inbox, options=FAST)
+    c.subscribe("P1", "a || c")
+    async with c:
+        await inbox.until(10)
+        assert sorted(inbox.payloads()) == sorted(b"%d" % i for i in range(10))
+        assert all(m.topic == "P1" and m.tags == "a" for m in inbox.got)
+        queues = {q for q in c.assigned if q.topic == "P1"}
+    assert len(queues) == 4
+    async with PullConsumer("G1", served.namesrv) as pc:
+        # every queue committed past what it held (the filtered message included)
+        assert sum([await pc.committed(q) for q in queues]) == 11
+
+
+async def test_a_failed_message_comes_back_with_reconsume_1(served: Served) -> None:
+    await produce(served.namesrv, "P2", [b"ok", b"fails once"])
+    inbox = Inbox(fail_first={b"fails once"})
+    c = PushConsumer("G2", served.namesrv, listener=inbox, options=FAST)
+    c.subscribe("P2")
+    async with c:
+        await inbox.until(3)
+    again = [m for m in inbox.got if m.payload() == b"fails once"]
+    assert [m.reconsume_times for m in again] == [0, 1]
+    assert again[1].topic == "P2"  # restored from %RETRY%G2
+    assert again[0].uniq_key == again[1].uniq_key
+
+
+async def test_two_members_split_the_queues(served: Served) -> None:
+    await produce(served.namesrv, "P3", [b"%d" % i for i in range(20)])
+    a, b = Inbox(), Inbox()
+    ca = PushConsumer("G3", served.namesrv, listener=a, options=FAST, client_id="cid-a")
+    cb = PushConsumer("G3", served.namesrv, listener=b, options=FAST, client_id="cid-b")
+    for c in (ca, cb):
+        c.subscribe("P3")
+    async with ca, cb:
+        async with asyncio.timeout(20):
+            while not ({q for q in ca.assigned if q.topic == "P3"}
+                       and {q for q in cb.assigned if q.topic == "P3"}):
+                await asyncio.sleep(0.1)
+            mine_a = {q for q in ca.assigned if q.topic == "P3"}
+            mine_b = {q for q in cb.assigned if q.topic == "P3"}
+        assert len(mine_a) == len(mine_b) == 2 and not mine_a & mine_b
+        async with asyncio.timeout(20):
+            while len(a.got) + len(b.got) < 20:
+                await asyncio.sleep(0.1)
+    assert sorted(a.payloads() + b.payloads()) == sorted(b"%d" % i for i in range(20))
+    assert {m.queue_id for m in a.got}.isdisjoint({m.queue_id for m in b.got})
+
+
+async def test_broadcasting_keeps_offsets_in_a_local_file(served: Served, tmp_path: Path) -> None:
+    await produce(served.namesrv, "P4", [b"%d" % i for i in range(6)])
+    inboxes = [Inbox(), Inbox()]
+    consumers = [PushConsumer("G4", served.namesrv, model=MessageModel.BROADCASTING,
+                              listener=inbox, options=FAST, offsets_file=tmp_path / f"{i}.json")
+                 for i, inbox in enumerate(inboxes)]
+    for c in consumers:
+        c.subscribe("P4")
+    async with consumers[0], consumers[1]:
+        for inbox in inboxes:
+            await inbox.until(6)
+    for inbox in inboxes:
+        assert sorted(inbox.payloads()) == sorted(b"%d" % i for i in range(6))
+    table = json.loads((tmp_path / "0.json").read_text())["offsetTable"]
+    assert sum(table.values()) == 6 and all(k.startswith("P4@") for k in table)
+
+
+async def test_start_needs_a_subscription_and_a_listener(served: Served) -> None:
+    with pytest.raises(ClientError):
+        await PushConsumer("G5", served.namesrv, listener=Inbox()).start()
