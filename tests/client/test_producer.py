@@ -26,14 +26,14 @@ async def read_all(namesrv: str, topic: str, group: str = "G-read") -> list[Mess
         return out
 
 
-async def test_send_round_trip_with_tags_keys_properties_and_compression(served: Served) -> None:
+async def test_send_round_trip_with_tags_keys_properties_and_compression(cluster: Served) -> None:
     big = b"x" * 5000
-    async with Producer("PG", served.namesrv) as p:
+    async with Producer("PG", cluster.namesrv) as p:
         small = await p.send(new_message("RT", b"hello", tags="a", keys=["k1", "k2"],
                                          properties={"p": "v"}))
         large = await p.send(new_message("RT", big))
     assert small.status is SendStatus.SEND_OK and len(small.msg_id) == 32
-    got = {m.uniq_key: m for m in await read_all(served.namesrv, "RT")}
+    got = {m.uniq_key: m for m in await read_all(cluster.namesrv, "RT")}
     m = got[small.msg_id]
     assert (m.payload(), m.tags, m.keys, m.properties["p"]) == (b"hello", "a", ["k1", "k2"], "v")
     assert m.queue_id == small.queue.queue_id and m.queue_offset == small.queue_offset
@@ -41,8 +41,8 @@ async def test_send_round_trip_with_tags_keys_properties_and_compression(served:
     assert stored_big.sysflag & sf.COMPRESSED and zlib.decompress(stored_big.body) == big
 
 
-async def test_batch_and_oneway(served: Served) -> None:
-    async with Producer("PG", served.namesrv) as p:
+async def test_batch_and_oneway(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
         r = await p.send_batch([new_message("B", b"m%d" % i, tags="t") for i in range(5)])
         await p.send_oneway(new_message("B", b"oneway"))
         await p.send(new_message("B", b"after"))  # same connection: the oneway is stored first
@@ -50,22 +50,22 @@ async def test_batch_and_oneway(served: Served) -> None:
             await p.send_batch([new_message("B", b""), new_message("Other", b"")])
     ids = r.msg_id.split(",")
     assert len(ids) == 5 and len(r.offset_msg_id.split(",")) == 5
-    got = await read_all(served.namesrv, "B")
+    got = await read_all(cluster.namesrv, "B")
     batch = sorted((m for m in got if m.uniq_key in ids), key=lambda m: m.queue_offset)
     assert [m.payload() for m in batch] == [b"m%d" % i for i in range(5)]
     assert {m.queue_id for m in batch} == {r.queue.queue_id}
     assert b"oneway" in {m.payload() for m in got}
 
 
-async def test_orderly_by_key_uses_the_java_hash(served: Served) -> None:
-    async with Producer("PG", served.namesrv) as p:
+async def test_orderly_by_key_uses_the_java_hash(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
         await p.send(new_message("O", b"create"))
         queues = await p.publish_queues("O")
         results = [await p.send_orderly(new_message("O", b"%d" % i), f"order-{i % 3}")
                    for i in range(9)]
     for i, r in enumerate(results):
         assert r.queue == queues[abs(java_hash(f"order-{i % 3}")) % len(queues)]
-    stored = sorted(await read_all(served.namesrv, "O"), key=lambda m: m.queue_offset)
+    stored = sorted(await read_all(cluster.namesrv, "O"), key=lambda m: m.queue_offset)
     for k in range(3):
         mine = {b"%d" % i for i in range(k, 9, 3)}
         in_queue = [m.payload() for m in stored
@@ -80,12 +80,12 @@ def test_order_queue_handles_negative_hashes() -> None:
     assert order_queue(queues, key) == queues[2**31 % 3]
 
 
-async def test_delay_properties_are_sent(served: Served) -> None:
-    async with Producer("PG", served.namesrv) as p:
+async def test_delay_properties_are_sent(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
         await p.send(new_message("D", b"now"))
         await p.send(delayed(new_message("D", b"later"), 1))
         deliver_at(new_message("D", b"x"), 1)  # only sets the property
-    async with PullConsumer("G-delay", served.namesrv) as c:
+    async with PullConsumer("G-delay", cluster.namesrv) as c:
         queues = await c.queues("D")
         await c.assign(queues)
         seen: list[Message] = []
@@ -99,11 +99,11 @@ async def test_delay_properties_are_sent(served: Served) -> None:
     assert later.store_timestamp - later.born_timestamp >= 900
 
 
-async def test_pull_consumer_commit_and_seek(served: Served) -> None:
-    async with Producer("PG", served.namesrv) as p:
+async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
         for i in range(4):
             await p.send_orderly(new_message("PC", b"%d" % i), "k")
-    async with PullConsumer("G-pc", served.namesrv) as c:
+    async with PullConsumer("G-pc", cluster.namesrv) as c:
         q = order_queue(await c.queues("PC"), "k")
         assert await c.committed(q) in (-1, 0)
         await c.assign([q])

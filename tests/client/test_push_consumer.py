@@ -55,11 +55,11 @@ async def produce(namesrv: str, topic: str, bodies: list[bytes], tags: str = "a"
             await p.send(new_message(topic, b, tags=tags))
 
 
-async def test_round_trip_with_tag_filter_and_committed_offsets(served: Served) -> None:
-    await produce(served.namesrv, "P1", [b"%d" % i for i in range(10)])
-    await produce(served.namesrv, "P1", [b"other"], tags="b")
+async def test_round_trip_with_tag_filter_and_committed_offsets(cluster: Served) -> None:
+    await produce(cluster.namesrv, "P1", [b"%d" % i for i in range(10)])
+    await produce(cluster.namesrv, "P1", [b"other"], tags="b")
     inbox = Inbox()
-    c = PushConsumer("G1", served.namesrv, listener=inbox, options=FAST)
+    c = PushConsumer("G1", cluster.namesrv, listener=inbox, options=FAST)
     c.subscribe("P1", "a || c")
     async with c:
         await inbox.until(10)
@@ -67,15 +67,15 @@ async def test_round_trip_with_tag_filter_and_committed_offsets(served: Served) 
         assert all(m.topic == "P1" and m.tags == "a" for m in inbox.got)
         queues = {q for q in c.assigned if q.topic == "P1"}
     assert len(queues) == 4
-    async with PullConsumer("G1", served.namesrv) as pc:
+    async with PullConsumer("G1", cluster.namesrv) as pc:
         # every queue committed past what it held (the filtered message included)
         assert sum([await pc.committed(q) for q in queues]) == 11
 
 
-async def test_a_failed_message_comes_back_with_reconsume_1(served: Served) -> None:
-    await produce(served.namesrv, "P2", [b"ok", b"fails once"])
+async def test_a_failed_message_comes_back_with_reconsume_1(cluster: Served) -> None:
+    await produce(cluster.namesrv, "P2", [b"ok", b"fails once"])
     inbox = Inbox(fail_first={b"fails once"})
-    c = PushConsumer("G2", served.namesrv, listener=inbox, options=FAST)
+    c = PushConsumer("G2", cluster.namesrv, listener=inbox, options=FAST)
     c.subscribe("P2")
     async with c:
         await inbox.until(3)
@@ -85,11 +85,11 @@ async def test_a_failed_message_comes_back_with_reconsume_1(served: Served) -> N
     assert again[0].uniq_key == again[1].uniq_key
 
 
-async def test_two_members_split_the_queues(served: Served) -> None:
-    await produce(served.namesrv, "P3", [b"%d" % i for i in range(20)])
+async def test_two_members_split_the_queues(cluster: Served) -> None:
+    await produce(cluster.namesrv, "P3", [b"%d" % i for i in range(20)])
     a, b = Inbox(), Inbox()
-    ca = PushConsumer("G3", served.namesrv, listener=a, options=FAST, client_id="cid-a")
-    cb = PushConsumer("G3", served.namesrv, listener=b, options=FAST, client_id="cid-b")
+    ca = PushConsumer("G3", cluster.namesrv, listener=a, options=FAST, client_id="cid-a")
+    cb = PushConsumer("G3", cluster.namesrv, listener=b, options=FAST, client_id="cid-b")
     for c in (ca, cb):
         c.subscribe("P3")
     async with ca, cb:
@@ -107,10 +107,10 @@ async def test_two_members_split_the_queues(served: Served) -> None:
     assert {m.queue_id for m in a.got}.isdisjoint({m.queue_id for m in b.got})
 
 
-async def test_broadcasting_keeps_offsets_in_a_local_file(served: Served, tmp_path: Path) -> None:
-    await produce(served.namesrv, "P4", [b"%d" % i for i in range(6)])
+async def test_broadcasting_keeps_offsets_in_a_local_file(cluster: Served, tmp_path: Path) -> None:
+    await produce(cluster.namesrv, "P4", [b"%d" % i for i in range(6)])
     inboxes = [Inbox(), Inbox()]
-    consumers = [PushConsumer("G4", served.namesrv, model=MessageModel.BROADCASTING,
+    consumers = [PushConsumer("G4", cluster.namesrv, model=MessageModel.BROADCASTING,
                               listener=inbox, options=FAST, offsets_file=tmp_path / f"{i}.json")
                  for i, inbox in enumerate(inboxes)]
     for c in consumers:
@@ -124,6 +124,6 @@ async def test_broadcasting_keeps_offsets_in_a_local_file(served: Served, tmp_pa
     assert sum(table.values()) == 6 and all(k.startswith("P4@") for k in table)
 
 
-async def test_start_needs_a_subscription_and_a_listener(served: Served) -> None:
+async def test_start_needs_a_subscription_and_a_listener(cluster: Served) -> None:
     with pytest.raises(ClientError):
-        await PushConsumer("G5", served.namesrv, listener=Inbox()).start()
+        await PushConsumer("G5", cluster.namesrv, listener=Inbox()).start()
