@@ -12,6 +12,7 @@ compression over 4 KiB); :func:`delayed` and :func:`deliver_at` add the scheduli
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ import structlog
 
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
-from evq.client.routes import BrokerPool, Routes
+from evq.client.routes import REFRESH_S, BrokerPool, Routes
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -92,8 +93,10 @@ class Producer:
     """``await start()``, then ``await send(msg)``; ``await shutdown()`` at the end."""
 
     def __init__(self, group: str, namesrv: str, *, retries: int = 2,
-                 send_timeout: float = SEND_TIMEOUT_S, clock: Clock = SYSTEM_CLOCK) -> None:
+                 send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.group = group
+        self.route_refresh_s = route_refresh_s
         self.retries = retries
         self.send_timeout = send_timeout
         self._namesrv = namesrv
@@ -102,12 +105,17 @@ class Producer:
         self._counter = itertools.count()
         self._routes: Routes | None = None
         self._pool: BrokerPool | None = None
+        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._routes = Routes(self._namesrv, self._clock)
         self._pool = BrokerPool(clock=self._clock)
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
 
     async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         if self._routes is not None and self._pool is not None:
             await self._pool.close()
             await self._routes.close()
@@ -125,8 +133,13 @@ class Producer:
         return self._faults
 
     async def refresh_routes(self) -> None:
-        """Re-read every route in use (a long-lived producer calls this every 30 s)."""
+        """Re-read every route in use (done every ``route_refresh_s`` after start)."""
         await self._started()[0].refresh()
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.route_refresh_s)
+            await self.refresh_routes()
 
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         routes, _ = self._started()
@@ -185,7 +198,6 @@ class Producer:
                 log.warning("send failed", topic=topic, broker=queue.broker_name,
                             attempt=attempt, error=str(exc))
                 last_failed, cause = queue.broker_name, exc
-                routes.forget(topic)  # a broker that failed may have left the route
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
 

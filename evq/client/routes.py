@@ -168,7 +168,8 @@ class Routes:
             except RouteNotFound:
                 if not fallback:
                     raise
-                return (await self.route(tp.AUTO_CREATE_TOPIC)).as_default_for(topic)
+                # Kept until a refresh finds the route the broker registers on creation.
+                route = (await self.route(tp.AUTO_CREATE_TOPIC)).as_default_for(topic)
             self._routes[topic] = route
         return route
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import zlib
 
 import pytest
 
-from evq.client.errors import ClientError, NotStarted
+from evq.client.errors import ClientError, NotStarted, SendFailed
 from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullStatus
@@ -121,3 +123,13 @@ async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:
 async def test_unstarted_producer_refuses() -> None:
     with pytest.raises(NotStarted):
         await Producer("PG", "127.0.0.1:1").send(new_message("T", b""))
+
+
+async def test_a_dead_broker_fails_the_send_and_is_avoided(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv, retries=1, send_timeout=1.0) as p:
+        r = await p.send(new_message("Dead", b"before"))
+        cluster.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(cluster.proc.wait, 30) == 0
+        with pytest.raises(SendFailed, match="2 times"):
+            await p.send(new_message("Dead", b"after"))
+        assert not p.faults.is_available(r.queue.broker_name)

@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from evq.client.consumer import (
@@ -16,9 +17,11 @@ from evq.client.consumer import (
     PushConsumer,
 )
 from evq.client.errors import ClientError
+from evq.client.offsets import LocalOffsets
 from evq.client.producer import Producer
 from evq.client.pull_consumer import PullConsumer
 from evq.domain.message import Message, new_message
+from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
 
 FAST = ConsumerOptions(rebalance_s=0.5, retry_delay_level=1, consume_from=ConsumeFrom.FIRST_OFFSET)
@@ -85,26 +88,34 @@ async def test_a_failed_message_comes_back_with_reconsume_1(cluster: Served) -> 
     assert again[0].uniq_key == again[1].uniq_key
 
 
-async def test_two_members_split_the_queues(cluster: Served) -> None:
-    await produce(cluster.namesrv, "P3", [b"%d" % i for i in range(20)])
+async def test_two_members_split_the_queues_on_notification(cluster: Served) -> None:
+    await produce(cluster.namesrv, "P3", [b"first"])
     a, b = Inbox(), Inbox()
-    ca = PushConsumer("G3", cluster.namesrv, listener=a, options=FAST, client_id="cid-a")
-    cb = PushConsumer("G3", cluster.namesrv, listener=b, options=FAST, client_id="cid-b")
+    slow = attrs.evolve(FAST, rebalance_s=600)  # only NOTIFY_CONSUMER_IDS_CHANGED rebalances
+    ca = PushConsumer("G3", cluster.namesrv, listener=a, options=slow, client_id="cid-a")
+    cb = PushConsumer("G3", cluster.namesrv, listener=b, options=slow, client_id="cid-b")
     for c in (ca, cb):
         c.subscribe("P3")
-    async with ca, cb:
-        async with asyncio.timeout(20):
-            while not ({q for q in ca.assigned if q.topic == "P3"}
-                       and {q for q in cb.assigned if q.topic == "P3"}):
-                await asyncio.sleep(0.1)
-            mine_a = {q for q in ca.assigned if q.topic == "P3"}
-            mine_b = {q for q in cb.assigned if q.topic == "P3"}
-        assert len(mine_a) == len(mine_b) == 2 and not mine_a & mine_b
-        async with asyncio.timeout(20):
-            while len(a.got) + len(b.got) < 20:
-                await asyncio.sleep(0.1)
-    assert sorted(a.payloads() + b.payloads()) == sorted(b"%d" % i for i in range(20))
-    assert {m.queue_id for m in a.got}.isdisjoint({m.queue_id for m in b.got})
+
+    def owned(c: PushConsumer) -> set[MessageQueue]:
+        return {q for q in c.assigned if q.topic == "P3"}
+
+    async with ca:
+        assert len(owned(ca)) == 4
+        async with cb:
+            async with asyncio.timeout(20):
+                while len(owned(ca)) != 2:
+                    await asyncio.sleep(0.05)
+            split_a, split_b = owned(ca), owned(cb)
+            assert len(split_b) == 2 and not split_a & split_b
+            await produce(cluster.namesrv, "P3", [b"%d" % i for i in range(20)])
+            async with asyncio.timeout(20):
+                while len(a.got) + len(b.got) < 21:
+                    await asyncio.sleep(0.05)
+    assert sorted(a.payloads() + b.payloads()) == sorted(
+        [b"first", *(b"%d" % i for i in range(20))])
+    assert {m.queue_id for m in a.got if m.payload() != b"first"} <= {q.queue_id for q in split_a}
+    assert {m.queue_id for m in b.got} <= {q.queue_id for q in split_b}
 
 
 async def test_broadcasting_keeps_offsets_in_a_local_file(cluster: Served, tmp_path: Path) -> None:
@@ -127,3 +138,10 @@ async def test_broadcasting_keeps_offsets_in_a_local_file(cluster: Served, tmp_p
 async def test_start_needs_a_subscription_and_a_listener(cluster: Served) -> None:
     with pytest.raises(ClientError):
         await PushConsumer("G5", cluster.namesrv, listener=Inbox()).start()
+
+
+def test_an_unreadable_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "offsets.json"
+    bad.write_text('{"offsetTable": [1]}')
+    with pytest.raises(ClientError, match="unreadable offsets file"):
+        LocalOffsets(bad)
