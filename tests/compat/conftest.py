@@ -19,13 +19,14 @@ from tests.processes import REPO_ROOT, python_env, running_evq
 class Served:
     namesrv: str
     broker: str
+    proc: subprocess.Popen[str]
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
                      "--data", str(tmp_path / "data"), servers=2) as running:
-        yield Served(running.addresses["namesrv"], running.addresses["broker"])
+        yield Served(running.addresses["namesrv"], running.addresses["broker"], running.proc)
         assert running.stop() == 0
 
 

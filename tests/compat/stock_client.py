@@ -25,7 +25,8 @@ from rocketmq.client import (  # type: ignore[import-untyped]
     RecvMessage,
 )
 
-BIG = 5000  # bytes: the client compresses bodies over 4 KiB
+from tests.compat.bodies import body_of
+
 _out = threading.Lock()
 
 
@@ -33,11 +34,6 @@ def emit(obj: dict[str, Any]) -> None:
     with _out:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
-
-
-def body_of(i: int) -> bytes:
-    text = f"msg {i} ünïcødé 消息"
-    return (text * (BIG // len(text) + 1)).encode() if i % 5 == 0 else text.encode()
 
 
 def message(topic: str, i: int) -> Message:

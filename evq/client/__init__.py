@@ -1,0 +1,1 @@
+"""evq's own asyncio client: producer, push and pull consumers over the remoting protocol."""

@@ -1,0 +1,93 @@
+"""Latency fault tolerance for producers (seed 001): brokers that answered slowly or failed are
+avoided for a while, so a dead broker costs one failed send rather than one per message until
+the name servers notice.
+
+Each send reports its latency (a failure counts as 30 s).  The latency falls into a band of
+``LATENCY_MAX_MS``; the same band of ``NOT_AVAILABLE_MS`` says how long the broker is skipped::
+
+    latency >=   50   100    550   1000   2000   3000  15000 ms
+    skip for      0     0    30 s   60 s  120 s  180 s  600 s
+
+Pure: the clock is injected and nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+
+from evq.domain.clock import Clock
+from evq.domain.queues import MessageQueue
+
+LATENCY_MAX_MS: Final = (50, 100, 550, 1000, 2000, 3000, 15000)
+NOT_AVAILABLE_MS: Final = (0, 0, 30_000, 60_000, 120_000, 180_000, 600_000)
+FAILURE_LATENCY_MS: Final = 30_000
+"""What a failed send counts as: the top band, so the broker is skipped for ten minutes."""
+
+
+def not_available_ms(latency_ms: int) -> int:
+    """How long to skip a broker after a request that took ``latency_ms``."""
+    for limit, duration in zip(reversed(LATENCY_MAX_MS), reversed(NOT_AVAILABLE_MS),
+                               strict=True):
+        if latency_ms >= limit:
+            return duration
+    return 0
+
+
+@attrs.define(slots=True)
+class FaultItem:
+    broker: str
+    latency_ms: int
+    available_at_ms: int
+
+
+class LatencyFaultTolerance:
+    """The per-broker table; a broker never reported is available."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._items: dict[str, FaultItem] = {}
+
+    def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
+        latency = FAILURE_LATENCY_MS if failed else latency_ms
+        until = self._clock.now_ms() + not_available_ms(latency)
+        self._items[broker] = FaultItem(broker, latency, until)
+
+    def is_available(self, broker: str) -> bool:
+        item = self._items.get(broker)
+        return item is None or self._clock.now_ms() >= item.available_at_ms
+
+    def least_bad(self) -> str | None:
+        """The broker that becomes available first (lowest latency on ties), when every
+        broker is being skipped and one must be tried anyway."""
+        if not self._items:
+            return None
+        return min(self._items.values(), key=lambda i: (i.available_at_ms, i.latency_ms)).broker
+
+
+def select_queue(
+    queues: Sequence[MessageQueue],
+    start: int,
+    faults: LatencyFaultTolerance,
+    last_failed: str | None = None,
+) -> MessageQueue:
+    """Round-robin from ``start``: the first queue on an available broker other than the one
+    that just failed; else the least bad broker's next queue; else any other broker's; else
+    the queue at ``start`` (a single-broker cluster has nowhere else to go)."""
+    if not queues:
+        raise ValueError("no queue to select from")
+    n = len(queues)
+    ring = [queues[(start + i) % n] for i in range(n)]
+    for q in ring:
+        if q.broker_name != last_failed and faults.is_available(q.broker_name):
+            return q
+    least = faults.least_bad()
+    for q in ring:
+        if q.broker_name == least and q.broker_name != last_failed:
+            return q
+    for q in ring:
+        if q.broker_name != last_failed:
+            return q
+    return ring[0]

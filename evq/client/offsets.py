@@ -1,0 +1,145 @@
+"""Consumer progress: the next offset to consume per queue, and where it is kept.
+
+Clustering groups keep it on the broker (QUERY_CONSUMER_OFFSET / UPDATE_CONSUMER_OFFSET): any
+member can take a queue over where another left it.  Broadcasting consumers each read every
+message, so each keeps its own progress in a local JSON file, written whole to a temporary file
+and renamed so that a crash leaves the old or the new table, never half of one::
+
+    {"offsetTable": {"<topic>@<brokerName>@<queueId>": <next offset>, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from evq.client.errors import BrokerRefused, ClientError
+from evq.client.routes import BrokerPool
+from evq.domain.codes import ResponseCode
+from evq.domain.queues import MessageQueue
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import TransportError
+
+log = structlog.get_logger(__name__)
+
+AddressOf = Callable[[str], str | None]
+"""Master address of a broker name (from the routes), None when unknown."""
+
+
+class OffsetStore(Protocol):
+    def get(self, queue: MessageQueue) -> int | None: ...
+
+    def update(self, queue: MessageQueue, offset: int, *, increase_only: bool = True) -> None: ...
+
+    def remove(self, queue: MessageQueue) -> None: ...
+
+    async def read(self, queue: MessageQueue) -> int:
+        """The stored offset, -1 when there is none."""
+        ...
+
+    async def persist(self, queues: Iterable[MessageQueue]) -> None: ...
+
+
+class OffsetTable:
+    """The in-memory part both stores share; pure."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[MessageQueue, int] = {}
+
+    def get(self, queue: MessageQueue) -> int | None:
+        return self.offsets.get(queue)
+
+    def update(self, queue: MessageQueue, offset: int, *, increase_only: bool = True) -> None:
+        """Record progress; ``increase_only`` ignores a late, smaller commit (consume tasks
+        finish out of order)."""
+        old = self.offsets.get(queue)
+        if old is None or not increase_only or offset > old:
+            self.offsets[queue] = offset
+
+    def remove(self, queue: MessageQueue) -> None:
+        self.offsets.pop(queue, None)
+
+
+class RemoteOffsets(OffsetTable):
+    """A clustering group's offsets, kept on each queue's master."""
+
+    def __init__(self, group: str, pool: BrokerPool, address_of: AddressOf) -> None:
+        super().__init__()
+        self.group = group
+        self._pool = pool
+        self._address_of = address_of
+
+    def _addr(self, queue: MessageQueue) -> str:
+        addr = self._address_of(queue.broker_name)
+        if addr is None:
+            raise ClientError(f"broker {queue.broker_name!r} has no master in the routes")
+        return addr
+
+    async def read(self, queue: MessageQueue) -> int:
+        answer = await self._pool.invoke(self._addr(queue), RemotingCommand.request(
+            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": self.group,
+                                                "topic": queue.topic, "queueId": queue.queue_id}))
+        if answer.code == ResponseCode.QUERY_NOT_FOUND:
+            return -1
+        if answer.code != ResponseCode.SUCCESS:
+            raise BrokerRefused(answer.code, answer.remark, "query consumer offset")
+        return answer.get_long("offset")
+
+    async def persist(self, queues: Iterable[MessageQueue]) -> None:
+        for queue in queues:
+            offset = self.offsets.get(queue)
+            if offset is None:
+                continue
+            try:
+                await self._pool.call(self._addr(queue), RemotingCommand.request(
+                    RequestCode.UPDATE_CONSUMER_OFFSET, {
+                        "consumerGroup": self.group, "topic": queue.topic,
+                        "queueId": queue.queue_id, "commitOffset": offset}),
+                    "update consumer offset")
+            except (ClientError, TransportError) as exc:
+                log.warning("offset not persisted", queue=queue, offset=offset, error=str(exc))
+
+
+def queue_key(queue: MessageQueue) -> str:
+    return f"{queue.topic}@{queue.broker_name}@{queue.queue_id}"
+
+
+class LocalOffsets(OffsetTable):
+    """A broadcasting consumer's offsets, in its own file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self._saved: dict[str, int] = {}
+        if path.exists():
+            try:
+                self._saved = {str(k): int(v) for k, v in
+                               json.loads(path.read_text())["offsetTable"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ClientError(f"unreadable offsets file {path}: {exc!r}") from None
+
+    async def read(self, queue: MessageQueue) -> int:
+        return self._saved.get(queue_key(queue), -1)
+
+    async def persist(self, queues: Iterable[MessageQueue]) -> None:
+        for queue in queues:
+            if (offset := self.offsets.get(queue)) is not None:
+                self._saved[queue_key(queue)] = offset
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offsetTable": self._saved}, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+async def max_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
+    """GET_MAX_OFFSET: where a consumer starting "from the last offset" begins."""
+    answer = await pool.call(addr, RemotingCommand.request(
+        RequestCode.GET_MAX_OFFSET, {"topic": queue.topic, "queueId": queue.queue_id}),
+        "get max offset")
+    return answer.get_long("offset")

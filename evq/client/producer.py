@@ -1,0 +1,255 @@
+"""The producer: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE to the master of a chosen queue.
+
+A send picks a queue round-robin, skipping brokers the latency table (:mod:`evq.client.faults`)
+is avoiding and, on a retry, the broker that just failed; transport failures and the broker
+answers Java retries on are tried again up to ``retries`` times.  Orderly sends pick the queue
+by key (``abs(javaHash(key)) % n``, the hash selector of the Java and C++ clients) and are not
+retried elsewhere, since another queue would break the order.
+
+Messages are built with :func:`evq.domain.message.new_message` (tags, keys, properties,
+compression over 4 KiB); :func:`delayed` and :func:`deliver_at` add the scheduling properties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+import structlog
+
+from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
+from evq.client.faults import LatencyFaultTolerance, select_queue
+from evq.client.routes import REFRESH_S, BrokerPool, Routes
+from evq.domain import sysflag as sf
+from evq.domain import topics as tp
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.codes import ResponseCode
+from evq.domain.hashing import java_hash
+from evq.domain.ids import new_uniq_key
+from evq.domain.message import Message, Prop, encode_properties
+from evq.domain.queues import MessageQueue
+from evq.domain.record import encode_batch
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import TransportError
+
+log = structlog.get_logger(__name__)
+
+SEND_TIMEOUT_S: Final = 3.0
+RETRYABLE: Final = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE,
+                              ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
+                              ResponseCode.NO_PERMISSION})
+"""Answers Java's producer tries again elsewhere: the next broker may well accept."""
+
+
+class SendStatus(enum.Enum):
+    SEND_OK = ResponseCode.SUCCESS
+    FLUSH_DISK_TIMEOUT = ResponseCode.FLUSH_DISK_TIMEOUT
+    FLUSH_SLAVE_TIMEOUT = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    SLAVE_NOT_AVAILABLE = ResponseCode.SLAVE_NOT_AVAILABLE
+
+
+STORED_CODES: Final = frozenset(s.value for s in SendStatus)
+"""Codes that mean the message is stored (the non-OK ones say how durable it is)."""
+
+
+@attrs.frozen(slots=True)
+class SendResult:
+    status: SendStatus
+    msg_id: str
+    """The UNIQ_KEY (comma-joined for a batch): the id a producer logs and queries by."""
+    offset_msg_id: str
+    """Store host and commit-log offset, as the broker answered."""
+    queue: MessageQueue
+    queue_offset: int
+
+
+def delayed(msg: Message, level: int) -> Message:
+    """``msg`` delivered after delay level ``level`` (1 = 1 s ... 18 = 2 h by default)."""
+    if level <= 0:
+        raise ValueError(f"delay level must be positive, got {level}")
+    msg.properties[Prop.DELAY] = str(level)
+    return msg
+
+
+def deliver_at(msg: Message, when_ms: int) -> Message:
+    """``msg`` delivered at the epoch milliseconds ``when_ms`` (the timer's property)."""
+    msg.properties[Prop.START_DELIVER_TIME] = str(when_ms)
+    return msg
+
+
+def order_queue(queues: Sequence[MessageQueue], key: str) -> MessageQueue:
+    """The queue of ``key``: ``abs(javaHash(key)) % n`` over the sorted publish queues."""
+    if not queues:
+        raise ClientError("no queue to send to")
+    return queues[abs(java_hash(key)) % len(queues)]
+
+
+class Producer:
+    """``await start()``, then ``await send(msg)``; ``await shutdown()`` at the end."""
+
+    def __init__(self, group: str, namesrv: str, *, retries: int = 2,
+                 send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.group = group
+        self.route_refresh_s = route_refresh_s
+        self.retries = retries
+        self.send_timeout = send_timeout
+        self._namesrv = namesrv
+        self._clock = clock
+        self._faults = LatencyFaultTolerance(clock)
+        self._counter = itertools.count()
+        self._routes: Routes | None = None
+        self._pool: BrokerPool | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._routes = Routes(self._namesrv, self._clock)
+        self._pool = BrokerPool(clock=self._clock)
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
+        if self._routes is not None and self._pool is not None:
+            await self._pool.close()
+            await self._routes.close()
+        self._routes = self._pool = None
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    @property
+    def faults(self) -> LatencyFaultTolerance:
+        return self._faults
+
+    async def refresh_routes(self) -> None:
+        """Re-read every route in use (done every ``route_refresh_s`` after start)."""
+        await self._started()[0].refresh()
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.route_refresh_s)
+            await self.refresh_routes()
+
+    async def publish_queues(self, topic: str) -> list[MessageQueue]:
+        routes, _ = self._started()
+        return (await routes.route(topic, fallback=True)).publish_queues()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def send(self, msg: Message) -> SendResult:
+        self._prepare(msg)
+        return await self._send_with_retries(msg.topic, [msg], batch=False)
+
+    async def send_batch(self, msgs: Sequence[Message]) -> SendResult:
+        """One request for several messages of one topic; each keeps its own UNIQ_KEY."""
+        if not msgs or len({m.topic for m in msgs}) != 1:
+            raise ClientError("a batch needs at least one message, all of one topic")
+        if any(Prop.DELAY in m.properties for m in msgs):
+            raise ClientError("a batch cannot carry delayed messages")
+        for m in msgs:
+            self._prepare(m)
+        return await self._send_with_retries(msgs[0].topic, list(msgs), batch=True)
+
+    async def send_orderly(self, msg: Message, key: str) -> SendResult:
+        """To the queue of ``key``, so that messages with one key are consumed in order."""
+        self._prepare(msg)
+        queue = order_queue(await self.publish_queues(msg.topic), key)
+        return await self._send_to(queue, [msg], batch=False)
+
+    async def send_oneway(self, msg: Message) -> None:
+        """Fire and forget: no answer, no retry, no result."""
+        self._prepare(msg)
+        routes, pool = self._started()
+        route = await routes.route(msg.topic, fallback=True)
+        queue = select_queue(route.publish_queues(), next(self._counter), self._faults)
+        cmd = self._request(queue, [msg], batch=False)
+        await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
+
+    def _prepare(self, msg: Message) -> None:
+        msg.properties.setdefault(Prop.UNIQ_KEY, new_uniq_key(self._clock.now_ms()))
+        msg.born_timestamp = self._clock.now_ms()
+
+    async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
+                                 ) -> SendResult:
+        routes, _ = self._started()
+        last_failed: str | None = None
+        cause: Exception | None = None
+        for attempt in range(1 + self.retries):
+            queues = (await routes.route(topic, fallback=True)).publish_queues()
+            if not queues:
+                raise SendFailed(f"topic {topic!r} has no writable queue")
+            queue = select_queue(queues, next(self._counter), self._faults, last_failed)
+            try:
+                return await self._send_to(queue, msgs, batch=batch)
+            except (TransportError, BrokerRefused) as exc:
+                if isinstance(exc, BrokerRefused) and exc.code not in RETRYABLE:
+                    raise
+                log.warning("send failed", topic=topic, broker=queue.broker_name,
+                            attempt=attempt, error=str(exc))
+                last_failed, cause = queue.broker_name, exc
+        raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
+                         ) from cause
+
+    async def _send_to(self, queue: MessageQueue, msgs: list[Message], *, batch: bool
+                       ) -> SendResult:
+        routes, pool = self._started()
+        route = await routes.route(queue.topic, fallback=True)
+        addr = self._master(route.master(queue.broker_name), queue)
+        cmd = self._request(queue, msgs, batch=batch)
+        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        started = self._clock.monotonic()
+        try:
+            answer = await pool.invoke(addr, cmd, self.send_timeout)
+        except TransportError:
+            self._faults.update(queue.broker_name, 0, failed=True)
+            raise
+        self._faults.update(queue.broker_name, round((self._clock.monotonic() - started) * 1000),
+                            failed=answer.code not in STORED_CODES)
+        if answer.code not in STORED_CODES:
+            raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
+        return SendResult(
+            SendStatus(answer.code), ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
+            answer.get_str("msgId", ""), MessageQueue(queue.topic, queue.broker_name,
+                                                      answer.get_int("queueId", queue.queue_id)),
+            answer.get_long("queueOffset", -1))
+
+    @staticmethod
+    def _master(addr: str | None, queue: MessageQueue) -> str:
+        if addr is None:
+            raise SendFailed(f"broker {queue.broker_name!r} has no master in the route")
+        return addr
+
+    def _request(self, queue: MessageQueue, msgs: list[Message], *, batch: bool
+                 ) -> RemotingCommand:
+        first = msgs[0]
+        if batch:
+            # The broker compresses each entry itself; a batch goes out uncompressed.
+            body = encode_batch(attrs.evolve(m, body=m.payload()) for m in msgs)
+            sysflag, props = 0, ""
+        else:
+            body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
+        fields: dict[str, object] = {
+            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": 4,
+            "e": queue.queue_id, "f": sysflag & sf.COMPRESSED, "g": first.born_timestamp,
+            "h": first.flag, "i": props, "j": first.reconsume_times, "k": False,
+        }
+        if batch:
+            fields["m"] = True
+        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        return RemotingCommand.request(code, fields, body)
+
+    def _started(self) -> tuple[Routes, BrokerPool]:
+        if self._routes is None or self._pool is None:
+            raise NotStarted(f"producer {self.group!r} is not started")
+        return self._routes, self._pool

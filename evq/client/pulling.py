@@ -1,0 +1,103 @@
+"""PULL_MESSAGE requests and answers, shared by the push and pull consumers.
+
+The answer's body is the stored records back to back (:func:`evq.domain.record.iter_records`);
+the client filters them by tag again (the broker matches tag hash codes, which may collide) and
+gives a retried message back its real topic, so a listener never sees ``%RETRY%<group>``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Final
+
+import attrs
+
+from evq.client.errors import BrokerRefused, ClientError
+from evq.domain import topics as tp
+from evq.domain.codes import ResponseCode
+from evq.domain.filters import TAG_SEPARATOR
+from evq.domain.message import Message, Prop
+from evq.domain.queues import MessageQueue
+from evq.domain.record import RecordError, iter_records
+from evq.net.codes import RequestCode
+from evq.net.protocol import HeaderFieldError, RemotingCommand
+
+FLAG_COMMIT_OFFSET: Final = 1
+FLAG_SUSPEND: Final = 2
+FLAG_SUBSCRIPTION: Final = 4
+SUSPEND_MS: Final = 15_000
+LONG_POLL_TIMEOUT_S: Final = 30.0
+"""Socket timeout of a parked pull: well above the broker's hold (at most 25 s)."""
+
+
+class PullStatus(enum.Enum):
+    FOUND = ResponseCode.SUCCESS
+    NO_NEW_MSG = ResponseCode.PULL_NOT_FOUND
+    NO_MATCHED_MSG = ResponseCode.PULL_RETRY_IMMEDIATELY
+    OFFSET_ILLEGAL = ResponseCode.PULL_OFFSET_MOVED
+
+
+@attrs.frozen(slots=True)
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[Message]
+
+
+@attrs.frozen(slots=True)
+class Subscription:
+    topic: str
+    expression: str = "*"
+    expression_type: str = "TAG"
+    version: int = 0
+
+    def tags(self) -> frozenset[str] | None:
+        """The tags a TAG expression accepts; None for ``*`` or an SQL92 expression."""
+        if self.expression_type != "TAG" or self.expression.strip() in ("", "*"):
+            return None
+        return frozenset(t.strip() for t in self.expression.split(TAG_SEPARATOR) if t.strip())
+
+
+def pull_request(group: str, queue: MessageQueue, offset: int, sub: Subscription, *,
+                 max_nums: int = 32, commit_offset: int = -1, suspend_ms: int = SUSPEND_MS
+                 ) -> RemotingCommand:
+    flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
+    if commit_offset > 0:
+        flags |= FLAG_COMMIT_OFFSET
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": group, "topic": queue.topic, "queueId": queue.queue_id,
+        "queueOffset": offset, "maxMsgNums": max_nums, "sysFlag": flags,
+        "commitOffset": max(commit_offset, 0), "suspendTimeoutMillis": suspend_ms,
+        "subscription": sub.expression, "subVersion": sub.version,
+        "expressionType": sub.expression_type})
+
+
+def restore_topic(msg: Message) -> Message:
+    """A message from ``%RETRY%<group>`` under the topic it was first sent to."""
+    real = msg.properties.get(Prop.RETRY_TOPIC)
+    if real and msg.topic.startswith(tp.RETRY_PREFIX):
+        msg.topic = real
+    return msg
+
+
+def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
+    """The answer as a :class:`PullResult`; other codes raise :class:`BrokerRefused`."""
+    try:
+        status = PullStatus(answer.code)
+    except ValueError:
+        raise BrokerRefused(answer.code, answer.remark, "pull") from None
+    try:
+        next_offset = answer.get_long("nextBeginOffset")
+        lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
+        found = list(iter_records(answer.body)) if status is PullStatus.FOUND else []
+    except (HeaderFieldError, RecordError) as exc:
+        raise ClientError(f"unreadable pull answer: {exc}") from None
+    return PullResult(status, next_offset, lo, hi, [restore_topic(m) for m in
+                                                    matching(found, sub.tags())])
+
+
+def matching(msgs: Iterable[Message], tags: frozenset[str] | None) -> list[Message]:
+    return [m for m in msgs if tags is None or m.tags in tags]

@@ -1,0 +1,219 @@
+"""Topic routes from the name servers, and the pooled broker connections they point to.
+
+A route (``TopicRouteData``, §2.3.1 of the wire notes) names, per broker name, its addresses by
+broker id (0 = master) and its queue counts and permission.  Producers write to the master of
+every writable queue; consumers read every readable queue.  Routes are cached and refreshed
+every 30 s; a topic no name server knows is sent through the route of ``TBW102`` (capped to 4
+queues a broker, as the C++ client does), and the broker creates it on the first message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Final
+
+import attrs
+import structlog
+
+from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
+from evq.domain import topics as tp
+from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.codes import ResponseCode
+from evq.domain.queues import MessageQueue
+from evq.net import fastjson
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Dispatcher, RemotingClient, TransportError
+
+log = structlog.get_logger(__name__)
+
+MASTER_ID: Final = 0
+REFRESH_S: Final = 30.0
+DEFAULT_TOPIC_QUEUES: Final = 4
+REQUEST_TIMEOUT_S: Final = 3.0
+
+
+@attrs.frozen(slots=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@attrs.frozen(slots=True)
+class TopicRoute:
+    topic: str
+    brokers: dict[str, dict[int, str]]  # broker name -> broker id -> "ip:port"
+    queue_datas: tuple[QueueData, ...]
+    order_topic_conf: str = ""
+
+    @classmethod
+    def from_body(cls, topic: str, body: bytes) -> TopicRoute:
+        """Parse a name server's answer; fastjson's unquoted integer keys are accepted."""
+        try:
+            data = fastjson.loads(body.decode())
+            brokers = {str(b["brokerName"]): {int(k): str(v) for k, v in b["brokerAddrs"].items()}
+                       for b in data.get("brokerDatas") or []}
+            queues = tuple(QueueData(str(q["brokerName"]), int(q["readQueueNums"]),
+                                     int(q["writeQueueNums"]), int(q["perm"]))
+                           for q in data.get("queueDatas") or [])
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            raise ClientError(f"unreadable route for topic {topic!r}: {exc!r}") from None
+        return cls(topic, brokers, queues, str(data.get("orderTopicConf") or ""))
+
+    def master(self, broker_name: str) -> str | None:
+        return self.brokers.get(broker_name, {}).get(MASTER_ID)
+
+    def publish_queues(self) -> list[MessageQueue]:
+        """Writable queues on brokers with a master, sorted; ``orderTopicConf`` wins if set."""
+        if self.order_topic_conf:
+            out = []
+            for item in self.order_topic_conf.split(";"):
+                name, _, n = item.partition(":")
+                out += [MessageQueue(self.topic, name, i) for i in range(int(n or 0))]
+            return out
+        return sorted(MessageQueue(self.topic, q.broker_name, i)
+                      for q in self.queue_datas
+                      if q.perm & tp.PERM_WRITE and self.master(q.broker_name)
+                      for i in range(q.write_queue_nums))
+
+    def subscribe_queues(self) -> list[MessageQueue]:
+        return sorted(MessageQueue(self.topic, q.broker_name, i)
+                      for q in self.queue_datas if q.perm & tp.PERM_READ
+                      for i in range(q.read_queue_nums))
+
+    def as_default_for(self, topic: str) -> TopicRoute:
+        """The ``TBW102`` route lent to a topic not created yet, capped as the C++ client does."""
+        capped = tuple(attrs.evolve(q, read_queue_nums=min(DEFAULT_TOPIC_QUEUES, q.read_queue_nums),
+                                    write_queue_nums=min(DEFAULT_TOPIC_QUEUES, q.write_queue_nums))
+                       for q in self.queue_datas)
+        return TopicRoute(topic, self.brokers, capped)
+
+
+def parse_addresses(namesrv: str) -> list[tuple[str, int]]:
+    """``"h:p;h:p"`` into pairs; a clear error for anything else."""
+    out = []
+    for item in filter(None, (s.strip() for s in namesrv.split(";"))):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"name server address {item!r} is not host:port")
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError("no name server address given")
+    return out
+
+
+class BrokerPool:
+    """One connection per broker address, shared by everything a client process runs there.
+
+    ``dispatcher`` answers the requests brokers send to clients (NOTIFY_CONSUMER_IDS_CHANGED).
+    """
+
+    def __init__(self, dispatcher: Dispatcher | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.dispatcher = dispatcher or Dispatcher()
+        self._clock = clock
+        self._clients: dict[str, RemotingClient] = {}
+
+    def client(self, addr: str) -> RemotingClient:
+        client = self._clients.get(addr)
+        if client is None:
+            (host, port), = parse_addresses(addr)
+            client = RemotingClient(host, port, self.dispatcher, clock=self._clock)
+            self._clients[addr] = client
+        return client
+
+    @property
+    def addresses(self) -> list[str]:
+        return sorted(self._clients)
+
+    async def invoke(self, addr: str, cmd: RemotingCommand,
+                     timeout: float = REQUEST_TIMEOUT_S) -> RemotingCommand:
+        return await self.client(addr).invoke(cmd, timeout)
+
+    async def call(self, addr: str, cmd: RemotingCommand, what: str,
+                   timeout: float = REQUEST_TIMEOUT_S,
+                   ok: Iterable[int] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        """:meth:`invoke`, raising :class:`BrokerRefused` for an answer not in ``ok``."""
+        answer = await self.invoke(addr, cmd, timeout)
+        if answer.code not in tuple(ok):
+            raise BrokerRefused(answer.code, answer.remark, f"{what} at {addr}")
+        return answer
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+class Routes:
+    """The route cache of one client: looked up on first use, refreshed by :meth:`refresh`."""
+
+    def __init__(self, namesrv: str, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._namesrv = [RemotingClient(h, p, clock=clock) for h, p in parse_addresses(namesrv)]
+        self._next = 0
+        self._routes: dict[str, TopicRoute] = {}
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted(self._routes)
+
+    async def route(self, topic: str, *, fallback: bool = False) -> TopicRoute:
+        """The cached route, looked up when missing; ``fallback`` lends TBW102's route to a
+        topic no name server knows (producers only: consumers have nothing to read yet)."""
+        route = self._routes.get(topic)
+        if route is None:
+            try:
+                route = await self.lookup(topic)
+            except RouteNotFound:
+                if not fallback:
+                    raise
+                # Kept until a refresh finds the route the broker registers on creation.
+                route = (await self.route(tp.AUTO_CREATE_TOPIC)).as_default_for(topic)
+            self._routes[topic] = route
+        return route
+
+    async def lookup(self, topic: str) -> TopicRoute:
+        """Ask the name servers in turn (the next one after a transport failure)."""
+        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        last: Exception | None = None
+        for _ in self._namesrv:
+            client = self._namesrv[self._next % len(self._namesrv)]
+            try:
+                answer = await client.invoke(attrs.evolve(cmd), REQUEST_TIMEOUT_S)
+            except TransportError as exc:
+                log.warning("name server unreachable", addr=client.address, error=str(exc))
+                self._next += 1
+                last = exc
+                continue
+            if answer.code == ResponseCode.TOPIC_NOT_EXIST:
+                raise RouteNotFound(f"no route for topic {topic!r}: {answer.remark}")
+            if answer.code != ResponseCode.SUCCESS:
+                raise BrokerRefused(answer.code, answer.remark, f"route of {topic!r}")
+            return TopicRoute.from_body(topic, answer.body)
+        raise ClientError(f"no name server reachable for topic {topic!r}") from last
+
+    async def refresh(self) -> None:
+        """Look every cached topic up again; a topic whose lookup fails keeps its old route."""
+        for topic in self.topics:
+            try:
+                self._routes[topic] = await self.lookup(topic)
+            except ClientError as exc:
+                log.warning("route refresh failed", topic=topic, error=str(exc))
+
+    def forget(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+
+    def masters(self) -> list[str]:
+        """Every master address of every cached route (where heartbeats go)."""
+        return sorted({addr for r in self._routes.values() for ids in r.brokers.values()
+                       for i, addr in ids.items() if i == MASTER_ID})
+
+    def master(self, broker_name: str) -> str | None:
+        for route in self._routes.values():
+            if (addr := route.master(broker_name)) is not None:
+                return addr
+        return None
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._namesrv), return_exceptions=True)

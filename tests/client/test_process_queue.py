@@ -1,0 +1,53 @@
+"""ProcessQueue's commit offset as a stateful model: never past an unfinished message."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from evq.client.process_queue import ProcessQueue
+from evq.domain.message import Message
+
+
+def msg(offset: int, size: int = 3) -> Message:
+    return Message(topic="T", body=b"x" * size, queue_offset=offset)
+
+
+class ProcessQueueModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pq = ProcessQueue(0)
+        self.next = 0
+        self.in_flight: set[int] = set()
+
+    @rule(n=st.integers(0, 5), skipped=st.integers(0, 3))
+    def pull(self, n: int, skipped: int) -> None:
+        """``n`` messages, then ``skipped`` offsets the broker's filter passed over."""
+        self.pq.put([msg(o) for o in range(self.next, self.next + n)], self.next + n + skipped)
+        self.in_flight |= set(range(self.next, self.next + n))
+        self.next += n + skipped
+
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        if not self.in_flight:
+            return
+        done = data.draw(st.sets(st.sampled_from(sorted(self.in_flight)), min_size=1))
+        self.in_flight -= done
+        committed = self.pq.remove([msg(o) for o in done])
+        assert committed == (min(self.in_flight) if self.in_flight else self.next)
+
+    @invariant()
+    def counts(self) -> None:
+        assert self.pq.count == len(self.in_flight)
+        assert self.pq.size == 3 * len(self.in_flight)
+        assert self.pq.commit_offset() == (min(self.in_flight) if self.in_flight else self.next)
+
+
+TestProcessQueue = ProcessQueueModel.TestCase
+
+
+def test_a_redelivered_message_is_counted_once() -> None:
+    pq = ProcessQueue(5)
+    pq.put([msg(5), msg(5)], 6)
+    assert (pq.count, pq.size) == (1, 3)
+    assert pq.remove([msg(5)]) == 6

@@ -1,0 +1,135 @@
+"""Producer and pull consumer against a real ``evq serve``: sends of every kind read back."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import zlib
+
+import pytest
+
+from evq.client.errors import ClientError, NotStarted, SendFailed
+from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
+from evq.client.pull_consumer import PullConsumer
+from evq.client.pulling import PullStatus
+from evq.domain import sysflag as sf
+from evq.domain.hashing import java_hash
+from evq.domain.message import Message, Prop, new_message
+from evq.domain.queues import MessageQueue
+from tests.client.conftest import Served
+
+
+async def read_all(namesrv: str, topic: str, group: str = "G-read") -> list[Message]:
+    async with PullConsumer(group, namesrv) as c:
+        out: list[Message] = []
+        for q in await c.queues(topic):
+            r = await c.pull(q, 0, 64)
+            out += r.messages
+        return out
+
+
+async def test_send_round_trip_with_tags_keys_properties_and_compression(cluster: Served) -> None:
+    big = b"x" * 5000
+    async with Producer("PG", cluster.namesrv) as p:
+        small = await p.send(new_message("RT", b"hello", tags="a", keys=["k1", "k2"],
+                                         properties={"p": "v"}))
+        large = await p.send(new_message("RT", big))
+    assert small.status is SendStatus.SEND_OK and len(small.msg_id) == 32
+    got = {m.uniq_key: m for m in await read_all(cluster.namesrv, "RT")}
+    m = got[small.msg_id]
+    assert (m.payload(), m.tags, m.keys, m.properties["p"]) == (b"hello", "a", ["k1", "k2"], "v")
+    assert m.queue_id == small.queue.queue_id and m.queue_offset == small.queue_offset
+    stored_big = got[large.msg_id]
+    assert stored_big.sysflag & sf.COMPRESSED and zlib.decompress(stored_big.body) == big
+
+
+async def test_batch_and_oneway(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        r = await p.send_batch([new_message("B", b"m%d" % i, tags="t") for i in range(5)])
+        await p.send_oneway(new_message("B", b"oneway"))
+        await p.send(new_message("B", b"after"))  # same connection: the oneway is stored first
+        with pytest.raises(ClientError):
+            await p.send_batch([new_message("B", b""), new_message("Other", b"")])
+    ids = r.msg_id.split(",")
+    assert len(ids) == 5 and len(r.offset_msg_id.split(",")) == 5
+    got = await read_all(cluster.namesrv, "B")
+    batch = sorted((m for m in got if m.uniq_key in ids), key=lambda m: m.queue_offset)
+    assert [m.payload() for m in batch] == [b"m%d" % i for i in range(5)]
+    assert {m.queue_id for m in batch} == {r.queue.queue_id}
+    assert b"oneway" in {m.payload() for m in got}
+
+
+async def test_orderly_by_key_uses_the_java_hash(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("O", b"create"))
+        queues = await p.publish_queues("O")
+        results = [await p.send_orderly(new_message("O", b"%d" % i), f"order-{i % 3}")
+                   for i in range(9)]
+    for i, r in enumerate(results):
+        assert r.queue == queues[abs(java_hash(f"order-{i % 3}")) % len(queues)]
+    stored = sorted(await read_all(cluster.namesrv, "O"), key=lambda m: m.queue_offset)
+    for k in range(3):
+        mine = {b"%d" % i for i in range(k, 9, 3)}
+        in_queue = [m.payload() for m in stored
+                    if m.queue_id == results[k].queue.queue_id and m.payload() in mine]
+        assert in_queue == sorted(mine)
+
+
+def test_order_queue_handles_negative_hashes() -> None:
+    queues = [MessageQueue("T", "b", i) for i in range(3)]
+    key = "polygenelubricants"  # Java hash is Integer.MIN_VALUE
+    assert java_hash(key) == -(2**31)
+    assert order_queue(queues, key) == queues[2**31 % 3]
+
+
+async def test_delay_properties_are_sent(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("D", b"now"))
+        await p.send(delayed(new_message("D", b"later"), 1))
+        deliver_at(new_message("D", b"x"), 1)  # only sets the property
+    async with PullConsumer("G-delay", cluster.namesrv) as c:
+        queues = await c.queues("D")
+        await c.assign(queues)
+        seen: list[Message] = []
+        for _ in range(40):
+            for q in queues:
+                seen += (await c.poll(q, wait_ms=500)).messages
+            if any(m.payload() == b"later" for m in seen):
+                break
+    later = next(m for m in seen if m.payload() == b"later")
+    assert later.properties[Prop.REAL_TOPIC] == "D"  # it went through the schedule topic
+    assert later.store_timestamp - later.born_timestamp >= 900
+
+
+async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        for i in range(4):
+            await p.send_orderly(new_message("PC", b"%d" % i), "k")
+    async with PullConsumer("G-pc", cluster.namesrv) as c:
+        q = order_queue(await c.queues("PC"), "k")
+        assert await c.committed(q) in (-1, 0)
+        await c.assign([q])
+        r = await c.poll(q, 2)
+        assert [m.payload() for m in r.messages] == [b"0", b"1"]
+        await c.commit()
+        c.seek(q, 3)
+        assert [m.payload() for m in (await c.poll(q)).messages] == [b"3"]
+        assert (await c.poll(q)).status is PullStatus.NO_NEW_MSG
+        assert await c.committed(q) == 2
+        await c.seek_to_end(q)
+        assert c.assignment[q] == 4
+
+
+async def test_unstarted_producer_refuses() -> None:
+    with pytest.raises(NotStarted):
+        await Producer("PG", "127.0.0.1:1").send(new_message("T", b""))
+
+
+async def test_a_dead_broker_fails_the_send_and_is_avoided(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv, retries=1, send_timeout=1.0) as p:
+        r = await p.send(new_message("Dead", b"before"))
+        cluster.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(cluster.proc.wait, 30) == 0
+        with pytest.raises(SendFailed, match="2 times"):
+            await p.send(new_message("Dead", b"after"))
+        assert not p.faults.is_available(r.queue.broker_name)
