@@ -116,6 +116,27 @@ def test_prefault_maps_a_range_writable_so_writes_there_do_not_fault(tmp_path: P
         mf.close()
 
 
+def test_zero_from_clears_data_past_a_position_without_faulting_in_the_holes(
+    tmp_path: Path,
+) -> None:
+    size = 64 * 1024 * 1024
+    mf = MappedFile(tmp_path / "seg", 0, size, create=True)
+    try:
+        mf.mm[100:110] = b"k" * 10  # kept: before the cut
+        mf.mm[5000:5020] = b"x" * 20
+        mf.mm[40_000_000:40_000_003] = b"end"
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        dropped = mf.zero_from(4096)
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+        assert dropped == 40_000_003 - 4096  # up to the last byte that held data
+        assert faults < 1000  # the 16,384 pages of holes were never read
+        assert mf.mm[100:110] == b"k" * 10
+        assert mf.mm.find(b"x") == -1 and mf.mm.find(b"end") == -1
+        assert mf.zero_from(4096) == 0
+    finally:
+        mf.close()
+
+
 # --- the allocator -----------------------------------------------------------------------------
 
 
