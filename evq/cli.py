@@ -481,6 +481,55 @@ def _cmd_bench_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq produce / evq consume --------------------------------------------------------------
+
+
+def _add_produce(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("produce", help="send each stdin line as a message",
+                            description="Send each line of stdin to a topic; print one JSON "
+                                        "send result per line.")
+    p.add_argument("-n", "--namesrv", required=True, metavar="H:P;H:P")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-p", "--group", default="evq-cli-producer", help="producer group")
+    p.add_argument("--tags", default=None)
+    p.add_argument("--keys", default=None, help="space-separated keys")
+    p.add_argument("--batch", type=_positive_int, default=1, help="lines per send (default 1)")
+    p.set_defaults(handler=_cmd_produce, log_level_default="warning")
+
+
+def _cmd_produce(args: argparse.Namespace) -> int:
+    from evq.client.scripts import ProduceOptions, produce
+
+    return produce(ProduceOptions(namesrv=args.namesrv, topic=args.topic, group=args.group,
+                                  tags=args.tags, keys=args.keys, batch=args.batch))
+
+
+def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser("consume", help="print what a topic receives",
+                            description="Consume a topic as a member of GROUP and print each "
+                                        "message's body (or a JSON object with --json).")
+    p.add_argument("-n", "--namesrv", required=True, metavar="H:P;H:P")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-g", "--group", required=True)
+    p.add_argument("-s", "--expression", default="*", help="tag expression (default: *)")
+    p.add_argument("--from-beginning", action="store_true",
+                   help="start a new group at the oldest message, not the newest")
+    p.add_argument("--count", type=_positive_int, default=None, help="exit after N messages")
+    p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="exit after this long without a message")
+    p.add_argument("--json", action="store_true", help="one JSON object per message")
+    p.set_defaults(handler=_cmd_consume, log_level_default="warning")
+
+
+def _cmd_consume(args: argparse.Namespace) -> int:
+    from evq.client.scripts import ConsumeOptions, consume
+
+    return consume(ConsumeOptions(
+        namesrv=args.namesrv, topic=args.topic, group=args.group, expression=args.expression,
+        from_beginning=args.from_beginning, count=args.count, idle_timeout=args.idle_timeout,
+        json=args.json))
+
+
 # --- the parser and the entry point ---------------------------------------------------------
 
 
@@ -503,6 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_broker(commands)
     _add_serve(commands)
+    _add_produce(commands)
+    _add_consume(commands)
     return parser
 
 

@@ -1,0 +1,126 @@
+"""``evq produce`` and ``evq consume``: stdin lines to a topic, a topic to stdout.
+
+For quick starts and shell pipelines; each is one asyncio program over :mod:`evq.client`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from typing import IO
+
+import attrs
+
+from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
+from evq.client.producer import Producer, SendResult
+from evq.domain.message import Message, new_message
+from evq.net.transport import run
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ProduceOptions:
+    namesrv: str
+    topic: str
+    group: str = "evq-cli-producer"
+    tags: str | None = None
+    keys: str | None = None
+    batch: int = 1
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ConsumeOptions:
+    namesrv: str
+    topic: str
+    group: str
+    expression: str = "*"
+    from_beginning: bool = False
+    count: int | None = None
+    idle_timeout: float | None = None
+    json: bool = False
+
+
+def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line.rstrip("\n"))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def result_json(r: SendResult, count: int) -> dict[str, object]:
+    return {"status": r.status.name, "msgId": r.msg_id, "offsetMsgId": r.offset_msg_id,
+            "brokerName": r.queue.broker_name, "queueId": r.queue.queue_id,
+            "queueOffset": r.queue_offset, "messages": count}
+
+
+def produce(opts: ProduceOptions, lines: IO[str] = sys.stdin, out: IO[str] = sys.stdout) -> int:
+    """Send each line (or each ``batch`` lines) and print one JSON result per send."""
+
+    async def main() -> int:
+        async with Producer(opts.group, opts.namesrv) as producer:
+            for lines_ in _batches(lines, opts.batch):
+                msgs = [new_message(opts.topic, text.encode(), tags=opts.tags, keys=opts.keys)
+                        for text in lines_]
+                r = (await producer.send(msgs[0]) if len(msgs) == 1
+                     else await producer.send_batch(msgs))
+                out.write(json.dumps(result_json(r, len(msgs))) + "\n")
+                out.flush()
+        return 0
+
+    return run(main())
+
+
+def message_json(m: Message) -> dict[str, object]:
+    return {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
+            "msgId": m.uniq_key, "tags": m.tags, "keys": m.keys,
+            "properties": m.properties, "body": m.payload().decode(errors="replace"),
+            "bornTimestamp": m.born_timestamp, "storeTimestamp": m.store_timestamp,
+            "reconsumeTimes": m.reconsume_times}
+
+
+def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
+    """Print what arrives, one line (or one JSON object) per message; stop after ``count``
+    messages or ``idle_timeout`` seconds without one."""
+
+    async def main() -> int:
+        seen = 0
+        done = asyncio.Event()
+        activity = asyncio.Event()  # a message arrived, or enough did
+
+        async def on_message(msgs: list[Message]) -> ConsumeResult:
+            nonlocal seen
+            for m in msgs:
+                if opts.count is not None and seen >= opts.count:
+                    done.set()
+                    activity.set()
+                    return ConsumeResult.RECONSUME_LATER  # not ours to take: leave it
+                line = json.dumps(message_json(m)) if opts.json else m.payload().decode(
+                    errors="replace")
+                out.write(line + "\n")
+                out.flush()
+                seen += 1
+                activity.set()
+            if opts.count is not None and seen >= opts.count:
+                done.set()
+            return ConsumeResult.CONSUME_SUCCESS
+
+        options = ConsumerOptions(consume_concurrency=1, consume_from=(
+            ConsumeFrom.FIRST_OFFSET if opts.from_beginning else ConsumeFrom.LAST_OFFSET))
+        consumer = PushConsumer(opts.group, opts.namesrv, listener=on_message, options=options)
+        consumer.subscribe(opts.topic, opts.expression)
+        async with consumer:
+            while not done.is_set():
+                activity.clear()
+                try:
+                    async with asyncio.timeout(opts.idle_timeout):
+                        await activity.wait()
+                except TimeoutError:
+                    break
+        return 0
+
+    return run(main())
