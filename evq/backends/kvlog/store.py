@@ -44,6 +44,7 @@ from evq.backends.kvlog import layout as lay
 from evq.backends.kvlog.driver import Batch, Driver, Reader
 from evq.backends.kvlog.layout import Table
 from evq.backends.mmapfile.flush import Flusher
+from evq.backends.subscribers import DispatchSubscribers
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -100,7 +101,7 @@ class KeyedMessageLog(MessageLog):
         self._queues: dict[tuple[str, int], QueueState] = {}
         self._last_store_ts = 0
         self._index_last = (0, 0)
-        self._subscribers: list[DispatchCallback] = []
+        self._subscribers = DispatchSubscribers()
         self._lock_fd = -1
         self._flusher: Flusher | None = None
         self._cleaner: threading.Thread | None = None
@@ -262,7 +263,7 @@ class KeyedMessageLog(MessageLog):
                 return results
             self._commit(batch, end, nexts, {}, index_last)
             if notify:
-                self._notify(notify)
+                self._subscribers.notify(notify)
         return results
 
     def _prefix(self, topic: str, queue_id: int) -> bytes:
@@ -514,7 +515,7 @@ class KeyedMessageLog(MessageLog):
                 self._commit(batch, phys, nexts, mins, index_last)
             del self._pending[: len(buf) if broken else used]
             if notify and self._subscribers:
-                self._notify(notify)
+                self._subscribers.notify(notify)
             if broken:
                 raise ReplicationError(f"replicated bytes hold a broken record at {phys}")
             return self.max_physical_offset
@@ -614,21 +615,7 @@ class KeyedMessageLog(MessageLog):
     # --- projections, expiry, lifecycle ---------------------------------------------------
 
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        with self._put_lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._put_lock, contextlib.suppress(ValueError):
-                self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    def _notify(self, batch: list[Dispatched]) -> None:
-        for cb in list(self._subscribers):
-            try:
-                cb(batch)
-            except Exception:
-                log.exception("dispatch_subscriber_failed")
+        return self._subscribers.subscribe(callback)
 
     def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
         now = self._clock.now_ms() if now_ms is None else now_ms

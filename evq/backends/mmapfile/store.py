@@ -39,6 +39,7 @@ from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.flush import Flusher
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
+from evq.backends.subscribers import DispatchSubscribers
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -104,7 +105,7 @@ class MmapMessageLog(MessageLog):
         self._put_lock = threading.RLock()
         self._closed = False
         self._last_store_ts = 0
-        self._subscribers: list[DispatchCallback] = []
+        self._subscribers = DispatchSubscribers()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._dispatched = 0  # log offset up to which projections are applied
         self._lock_fd = -1
@@ -292,7 +293,7 @@ class MmapMessageLog(MessageLog):
                     batch.append(d)
             pos += size
         if batch:
-            self._notify(batch)
+            self._subscribers.notify(batch)
         return pos
 
     def _note_store_ts(self, ts: int) -> None:
@@ -422,7 +423,7 @@ class MmapMessageLog(MessageLog):
             if start + pos >= self._warm_at:
                 self._warm_at = self._allocator.warm_ahead(mf, pos)
             if notify:
-                self._notify(notify)
+                self._subscribers.notify(notify)
         return AppendedBatch(places, now, host)
 
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
@@ -645,21 +646,7 @@ class MmapMessageLog(MessageLog):
     # --- projections, expiry, lifecycle ---------------------------------------------------
 
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        with self._put_lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._put_lock, contextlib.suppress(ValueError):
-                self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    def _notify(self, batch: list[Dispatched]) -> None:
-        for cb in list(self._subscribers):
-            try:
-                cb(batch)
-            except Exception:
-                log.exception("dispatch_subscriber_failed")
+        return self._subscribers.subscribe(callback)
 
     def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
         now = self._clock.now_ms() if now_ms is None else now_ms
