@@ -160,13 +160,9 @@ def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser])
     p.set_defaults(handler=_cmd_bench_store, log_level_default="warning")
 
 
-def _bench_store_rerun(args: argparse.Namespace) -> str:
-    words = [
-        PROG, "bench", "store", "--backend", args.backend, "--messages", str(args.messages),
-        "--size", str(args.size), "--flush", args.flush, "--producers", str(args.producers),
-        "--sync-messages", str(args.sync_messages), "--batch", str(args.batch),
-        "--lookups", str(args.lookups),
-    ]
+def _rerun_line(words: list[str], args: argparse.Namespace) -> str:
+    """The command line that repeats a benchmark run: its own words, then the options the
+    store and net benchmarks share."""
     if args.segment_size is not None:
         words += ["--segment-size", str(args.segment_size)]
     if args.data is not None:
@@ -174,6 +170,16 @@ def _bench_store_rerun(args: argparse.Namespace) -> str:
     if args.json:
         words.append("--json")
     return shlex.join(words)
+
+
+def _bench_store_rerun(args: argparse.Namespace) -> str:
+    words = [
+        PROG, "bench", "store", "--backend", args.backend, "--messages", str(args.messages),
+        "--size", str(args.size), "--flush", args.flush, "--producers", str(args.producers),
+        "--sync-messages", str(args.sync_messages), "--batch", str(args.batch),
+        "--lookups", str(args.lookups),
+    ]
+    return _rerun_line(words, args)
 
 
 def _cmd_bench_store(args: argparse.Namespace) -> int:
@@ -256,13 +262,7 @@ def _bench_net_rerun(args: argparse.Namespace) -> str:
         str(args.in_flight), "--queues", str(args.queues), "--rate", str(args.rate),
         "--latency-seconds", f"{args.latency_seconds:g}",
     ]
-    if args.segment_size is not None:
-        words += ["--segment-size", str(args.segment_size)]
-    if args.data is not None:
-        words += ["--data", str(args.data)]
-    if args.json:
-        words.append("--json")
-    return shlex.join(words)
+    return _rerun_line(words, args)
 
 
 def _cmd_bench_net(args: argparse.Namespace) -> int:
