@@ -51,7 +51,6 @@ log = structlog.get_logger(__name__)
 
 HEARTBEAT_S: Final = 30.0
 REBALANCE_S: Final = 20.0
-UNSETTLED_RETRY_S: Final = 1.0  # after a rebalance that found no route or no membership
 PERSIST_S: Final = 5.0
 RETRY_LOCALLY_S: Final = 5.0
 SHUTDOWN_GRACE_S: Final = 10.0
@@ -160,13 +159,13 @@ class PushConsumer:
                          else LocalOffsets(self._offsets_file))
         await self._refresh_routes()
         await self.heartbeat()
-        settled = await self.rebalance()
+        await self.rebalance()
         o = self.options
         self._closing = False
         for loop in (self._every(o.heartbeat_s, self.heartbeat),
                      self._every(o.persist_s, self.persist),
                      self._every(o.route_refresh_s, self._refresh_routes),
-                     self._rebalance_loop(settled)):
+                     self._rebalance_loop()):
             self._spawn(self._loops, loop)
 
     async def shutdown(self) -> None:
@@ -230,22 +229,16 @@ class PushConsumer:
         _, _, offsets = self._started()
         await offsets.persist(list(self._owned))
 
-    async def rebalance(self) -> bool:
-        """Take the queues this member should own now, release the others.  False when a
-        subscribed topic could not be balanced yet (no route, or the broker does not list
-        this member): the caller retries soon rather than after a whole period."""
+    async def rebalance(self) -> None:
+        """Take the queues this member should own now, release the others."""
         routes, _, _ = self._started()
-        settled = True
         for topic in list(self._subs):
             try:
                 route = await routes.route(topic)
             except RouteNotFound:
-                # A topic just auto-created, or a retry topic, before the broker registered it.
-                settled = settled and topic.startswith(tp.RETRY_PREFIX)
-                continue
+                continue  # a retry topic before the broker registered it
             except (ClientError, TransportError) as exc:
                 log.warning("rebalance: no route", topic=topic, error=str(exc))
-                settled = False
                 continue
             queues = route.subscribe_queues()
             mine = set(queues)
@@ -255,14 +248,12 @@ class PushConsumer:
                     mine = set(allocate(self.options.strategy, self.group, self.client_id,
                                         queues, ids))
                 except (AllocationError, ClientError, TransportError) as exc:
-                    log.info("rebalance skipped", topic=topic, error=str(exc))
-                    settled = False
+                    log.warning("rebalance skipped", topic=topic, error=str(exc))
                     continue
             for q in [q for q in self._owned if q.topic == topic and q not in mine]:
                 await self._release(q)
             for q in sorted(mine - set(self._owned)):
                 await self._take(q)
-        return settled
 
     async def _member_ids(self, addr: str | None) -> list[str]:
         _, pool, _ = self._started()
@@ -382,22 +373,15 @@ class PushConsumer:
     async def _notified(self, conn: Connection, cmd: RemotingCommand) -> None:
         self._rebalance_now.set()
 
-    async def _rebalance_loop(self, settled: bool) -> None:
+    async def _rebalance_loop(self) -> None:
         while True:
             try:
-                async with asyncio.timeout(self.options.rebalance_s if settled
-                                           else UNSETTLED_RETRY_S):
+                async with asyncio.timeout(self.options.rebalance_s):
                     await self._rebalance_now.wait()
             except TimeoutError:
                 pass
             self._rebalance_now.clear()
-            try:
-                if not settled:  # the broker may not know this member yet
-                    await self.heartbeat()
-                settled = await self.rebalance()
-            except (ClientError, TransportError) as exc:
-                log.warning("rebalance failed", error=str(exc))
-                settled = False
+            await self._guarded(self.rebalance)
 
     async def _refresh_routes(self) -> None:
         routes, _, _ = self._started()
