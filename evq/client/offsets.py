@@ -22,6 +22,7 @@ from evq.client.errors import BrokerRefused, ClientError
 from evq.client.routes import BrokerPool
 from evq.domain.codes import ResponseCode
 from evq.domain.queues import MessageQueue
+from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import TransportError
@@ -143,3 +144,17 @@ async def max_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
         RequestCode.GET_MAX_OFFSET, {"topic": queue.topic, "queueId": queue.queue_id}),
         "get max offset")
     return answer.get_long("offset")
+
+
+def reset_offsets(body: bytes) -> dict[MessageQueue, int]:
+    """The offsets of a ResetOffsetBody (RESET_CONSUMER_CLIENT_OFFSET, or the answer to
+    INVOKE_BROKER_TO_RESET_OFFSET), in either form a broker writes: fastjson's map keyed by
+    inline queue objects, or the array it sends C++ clients."""
+    try:
+        table = fastjson.loads(body.decode())["offsetTable"]
+        if isinstance(table, list):
+            return {MessageQueue(str(e["topic"]), str(e["brokerName"]), int(e["queueId"])):
+                    int(e["offset"]) for e in table}
+        return {q: int(o) for q, o in table.items() if isinstance(q, MessageQueue)}
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ClientError(f"unreadable offset reset: {exc!r}") from None
