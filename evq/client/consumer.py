@@ -313,10 +313,10 @@ class PushConsumer:
     async def _release(self, queue: MessageQueue) -> None:
         offsets = self._started()[3]
         owned = self._owned.pop(queue)
-        owned.pq.dropped = True
         owned.task.cancel()
-        if self._orderly is not None:
+        if self._orderly is not None:  # the message in hand is finished and committed
             await self._orderly.stop(queue)
+        owned.pq.dropped = True
         await offsets.persist([queue])
         offsets.remove(queue)
         if self._orderly is not None:

@@ -63,6 +63,7 @@ class OrderlyConsumption:
         self._max_reconsume_times = max_reconsume_times
         self._tasks: dict[MessageQueue, asyncio.Task[None]] = {}
         self._closing = False
+        self._halting: set[MessageQueue] = set()
 
     @property
     def locking(self) -> bool:
@@ -91,14 +92,21 @@ class OrderlyConsumption:
     def wake(self, queue: MessageQueue, pq: ProcessQueue) -> None:
         """Make sure a task consumes ``queue`` while it has messages."""
         task = self._tasks.get(queue)
-        if (task is None or task.done()) and pq.count and self.may_consume(pq):
+        if ((task is None or task.done()) and pq.count and self.may_consume(pq)
+                and queue not in self._halting):
             self._tasks[queue] = asyncio.get_running_loop().create_task(self._run(queue, pq))
 
     async def stop(self, queue: MessageQueue) -> None:
-        """Wait for the listener call in progress on ``queue`` (its queue already dropped)."""
+        """Let ``queue``'s consume task finish the message in hand (committing it, unless the
+        queue was dropped meanwhile) and end."""
         task = self._tasks.pop(queue, None)
-        if task is not None and not task.done():
+        if task is None or task.done():
+            return
+        self._halting.add(queue)
+        try:
             await asyncio.wait({task}, timeout=STOP_WAIT_S)
+        finally:
+            self._halting.discard(queue)
 
     async def close(self) -> None:
         """Let every queue finish (and commit) the message in hand, then consume no more."""
@@ -112,7 +120,8 @@ class OrderlyConsumption:
             await self._member.unlock(queues)
 
     async def _run(self, queue: MessageQueue, pq: ProcessQueue) -> None:
-        while not self._closing and self.may_consume(pq) and (msgs := pq.take(1)):
+        while (not self._closing and queue not in self._halting and self.may_consume(pq)
+               and (msgs := pq.take(1))):
             try:
                 result = await self._listener(msgs)
             except Exception:
@@ -125,7 +134,7 @@ class OrderlyConsumption:
                 continue
             pq.put_back()
             await asyncio.sleep(self._suspend_s)
-        if pq.count and not (pq.dropped or self._closing):
+        if not (self._closing or queue in self._halting or pq.dropped or self.may_consume(pq)):
             log.warning("orderly consumption paused: queue lock lost", queue=queue)
 
     async def _give_up(self, queue: MessageQueue, msgs: list[Message]) -> bool:
