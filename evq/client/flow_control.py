@@ -4,9 +4,9 @@ Pulling on regardless would fill memory with messages the listener cannot take y
 each pull the queue's :class:`~evq.client.process_queue.ProcessQueue` is held against three
 limits (the Java client's, by its names): cached messages (``pullThresholdForQueue``), cached
 bytes (``pullThresholdSizeForQueue``) and, for concurrent consumption, the offset span
-between the oldest and newest cached message (``consumeConcurrentlyMaxSpan``: one stuck
-message must not let the rest of the queue run thousands of offsets ahead, since the
-committed offset cannot pass it).  A pull held back waits 50 ms and checks again.  Logging
+between the oldest message in flight and the newest pulled (``consumeConcurrentlyMaxSpan``:
+one stuck message must not let the rest of the queue run thousands of offsets ahead, since
+the committed offset cannot pass it).  A pull held back waits 50 ms and checks again.  Logging
 every hold would flood the log, so :class:`Holds` says which ones to log.  Pure.
 """
 

@@ -32,6 +32,7 @@ class ProcessQueue:
         self._taken: SortedDict = SortedDict()  # handed out by take(), awaiting commit
         self._size = 0
         self._horizon = start
+        self._newest = start
         self.dropped = False
         """Set when rebalance takes the queue away or its offset is reset: in-flight results
         no longer commit."""
@@ -50,12 +51,12 @@ class ProcessQueue:
 
     @property
     def span(self) -> int:
-        """Largest minus smallest offset held: how far consumption lags behind its slowest
-        message (RocketMQ's consumeConcurrentlyMaxSpan measures this)."""
-        held = [d for d in (self._msgs, self._taken) if d]
-        if not held:
-            return 0
-        return max(d.peekitem(-1)[0] for d in held) - min(d.peekitem(0)[0] for d in held)
+        """Newest message pulled minus oldest still held: how many offsets a restart would
+        consume again (the committed offset cannot pass the oldest).  Java's getMaxSpan
+        measures only the messages still cached, so one stuck message lets its queue run on
+        batch by batch; this does not."""
+        firsts = [d.peekitem(0)[0] for d in (self._msgs, self._taken) if d]
+        return self._newest - min(firsts) if firsts else 0
 
     def put(self, msgs: Iterable[Message], next_offset: int) -> None:
         """Messages pulled, and the offset the next pull starts from."""
@@ -63,6 +64,7 @@ class ProcessQueue:
             if m.queue_offset not in self._msgs and m.queue_offset not in self._taken:
                 self._msgs[m.queue_offset] = m
                 self._size += len(m.body)
+                self._newest = max(self._newest, m.queue_offset)
         self._horizon = max(self._horizon, next_offset)
 
     def remove(self, msgs: Iterable[Message]) -> int:

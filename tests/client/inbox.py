@@ -38,3 +38,9 @@ async def produce(namesrv: str, topic: str, bodies: list[bytes], tags: str = "a"
     async with Producer("PG", namesrv) as p:
         for b in bodies:
             await p.send(new_message(topic, b, tags=tags))
+
+
+async def send_keyed(namesrv: str, topic: str, bodies: list[bytes], keys: list[str]) -> None:
+    async with Producer("PGO", namesrv) as p:
+        for body, key in zip(bodies, keys, strict=True):
+            await p.send_orderly(new_message(topic, body), key)

@@ -8,22 +8,16 @@ from collections import defaultdict
 
 from evq.client.consumer import ConsumeFrom, ConsumerOptions, PushConsumer
 from evq.client.orderly import Orderly, OrderlyResult
-from evq.client.producer import Producer
 from evq.client.pulling import PullStatus, Subscription, parse_pull, pull_request
 from evq.client.routes import BrokerPool
 from evq.domain import topics as tp
-from evq.domain.message import Message, new_message
+from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
+from tests.client.inbox import send_keyed
 
 ORDERLY = ConsumerOptions(rebalance_s=0.5, lock_renew_s=0.5, suspend_s=0.05,
                           max_reconsume_times=2, consume_from=ConsumeFrom.FIRST_OFFSET)
-
-
-async def send_keyed(namesrv: str, topic: str, bodies: list[bytes], keys: list[str]) -> None:
-    async with Producer("PGO", namesrv) as p:
-        for body, key in zip(bodies, keys, strict=True):
-            await p.send_orderly(new_message(topic, body), key)
 
 
 async def dead_letters(broker: str, group: str) -> list[Message]:
