@@ -33,12 +33,13 @@ import structlog
 from evq.client.errors import ClientError, NotStarted
 from evq.client.flow_control import HOLD_S, FlowLimits, Holds
 from evq.client.group import (
-    UNSETTLED_FIRST_RETRY_S,
     ConsumeFrom,
     ConsumeType,
     GroupMember,
     MessageModel,
     rebalance_forever,
+    run_every,
+    settle,
 )
 from evq.client.identity import new_client_id
 from evq.client.offsets import (
@@ -46,7 +47,7 @@ from evq.client.offsets import (
     OffsetStore,
     RemoteOffsets,
     max_offset,
-    reset_offsets,
+    reset_notice,
 )
 from evq.client.orderly import LOCK_RENEW_S, SUSPEND_S, Orderly, OrderlyConsumption
 from evq.client.process_queue import ProcessQueue
@@ -78,9 +79,6 @@ RETRY_LOCALLY_S: Final = 5.0
 SHUTDOWN_GRACE_S: Final = 10.0
 PULL_ERROR_BACKOFF_S: Final = 3.0
 CONSUME_TIMEOUT_S: Final = 15 * 60.0
-START_SETTLE_TRIES: Final = 4
-"""Rounds ``start()`` tries (0.1 s, 0.2 s, 0.4 s apart) before leaving the rest to the
-background: a topic created by the send just before is usually routed by then."""
 
 
 class ConsumeResult(enum.Enum):
@@ -201,21 +199,14 @@ class PushConsumer:
         self._closing = False
         await self._refresh_routes()
         await member.heartbeat()
-        settled = await self.rebalance()
-        delay = UNSETTLED_FIRST_RETRY_S
-        for _ in range(START_SETTLE_TRIES - 1):
-            if settled:
-                break
-            await asyncio.sleep(delay)
-            delay *= 2
-            settled = await self.rebalance()
-        loops = [self._every(o.heartbeat_s, self.heartbeat),
-                 self._every(o.persist_s, self.persist),
-                 self._every(o.route_refresh_s, self._refresh_routes),
+        settled = await settle(self.rebalance)
+        loops = [run_every(o.heartbeat_s, self.heartbeat),
+                 run_every(o.persist_s, self.persist),
+                 run_every(o.route_refresh_s, self._refresh_routes),
                  rebalance_forever(self.rebalance, self._rebalance_now, o.rebalance_s,
                                    settled=settled)]
         if self._orderly is not None and self._orderly.locking:
-            loops.append(self._every(o.lock_renew_s, self._renew_locks))
+            loops.append(run_every(o.lock_renew_s, self._renew_locks))
         for loop in loops:
             self._spawn(self._loops, loop)
 
@@ -435,14 +426,7 @@ class PushConsumer:
 
     async def _reset_notified(self, conn: Connection, cmd: RemotingCommand) -> None:
         """RESET_CONSUMER_CLIENT_OFFSET: an administrator moved this group's offsets."""
-        if cmd.get_str("group", "") != self.group:
-            return
-        try:
-            table = reset_offsets(cmd.body)
-        except ClientError as exc:
-            log.warning("offset reset ignored", error=str(exc))
-            return
-        for queue, offset in table.items():
+        for queue, offset in reset_notice(cmd, self.group).items():
             if queue in self._owned:
                 await self._reset(queue, offset)
 
@@ -454,15 +438,6 @@ class PushConsumer:
                 await routes.route(topic)
             except (ClientError, TransportError) as exc:
                 log.info("no route yet", topic=topic, error=str(exc))
-
-    async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await work()
-            except (ClientError, TransportError) as exc:
-                log.warning("periodic work failed", work=getattr(work, "__name__", "?"),
-                            error=str(exc))
 
     @staticmethod
     def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:

@@ -40,6 +40,9 @@ log = structlog.get_logger(__name__)
 
 UNSETTLED_FIRST_RETRY_S: Final = 0.1
 """First retry after a round that did not settle; doubled each time, capped at the period."""
+START_SETTLE_TRIES: Final = 4
+"""Rounds ``start()`` tries (0.1 s, 0.2 s, 0.4 s apart) before leaving the rest to the
+background: a topic created by the send just before is usually routed by then."""
 TO_DLQ: Final = -1
 """A send-back delay level that puts the message straight into ``%DLQ%<group>``."""
 
@@ -239,3 +242,28 @@ async def rebalance_forever(rebalance: Callable[[], Awaitable[bool]], wake: asyn
             log.warning("rebalance failed", error=str(exc))
             settled = False
         backoff = UNSETTLED_FIRST_RETRY_S if settled else min(backoff * 2, period_s)
+
+
+async def settle(rebalance: Callable[[], Awaitable[bool]]) -> bool:
+    """The first rounds of a starting consumer, a few quick tries; whether it settled."""
+    delay = UNSETTLED_FIRST_RETRY_S
+    settled = await rebalance()
+    for _ in range(START_SETTLE_TRIES - 1):
+        if settled:
+            break
+        await asyncio.sleep(delay)
+        delay *= 2
+        settled = await rebalance()
+    return settled
+
+
+async def run_every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+    """A consumer's periodic chore (heartbeat, persist, ...): a failed round is logged and
+    the next one comes as usual."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await work()
+        except (ClientError, TransportError) as exc:
+            log.warning("periodic work failed", work=getattr(work, "__name__", "?"),
+                        error=str(exc))
