@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from evq.client.consumer import ConsumeResult
 from evq.client.producer import Producer
+from evq.client.pull_consumer import PullConsumer
 from evq.domain.message import Message, new_message
 
 
@@ -44,3 +46,21 @@ async def send_keyed(namesrv: str, topic: str, bodies: list[bytes], keys: list[s
     async with Producer("PGO", namesrv) as p:
         for body, key in zip(bodies, keys, strict=True):
             await p.send_orderly(new_message(topic, body), key)
+
+
+OLD = [b"old-%d" % i for i in range(4)]
+NEW = [b"new-%d" % i for i in range(4)]
+
+
+async def old_then_new(namesrv: str, topic: str) -> int:
+    """Send OLD, then (once the clock has passed their store times) NEW; the store time of
+    the first NEW message, a timestamp that separates the two."""
+    await produce(namesrv, topic, OLD)
+    async with PullConsumer("PEEK", namesrv, auto_commit=False) as pc:
+        async def stored() -> list[Message]:
+            return [m for q in await pc.queues(topic) for m in (await pc.pull(q, 0)).messages]
+        last_old = max(m.store_timestamp for m in await stored())
+        while time.time_ns() // 1_000_000 <= last_old:
+            await asyncio.sleep(0.001)
+        await produce(namesrv, topic, NEW)
+        return min(m.store_timestamp for m in await stored() if m.payload() in NEW)
