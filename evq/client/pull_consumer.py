@@ -17,8 +17,8 @@ already in flight when its queue was sought does not move the position back afte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Final
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Final
 
 import structlog
 
@@ -41,7 +41,7 @@ from evq.client.offsets import (
     reset_notice,
 )
 from evq.client.pulling import PullResult, PullStatus, Subscription, parse_pull, pull_request
-from evq.client.routes import BrokerPool, Routes, TopicRoute
+from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
@@ -113,7 +113,7 @@ class PullConsumer:
                     log.info("no route yet", topic=topic, error=str(exc))
             await member.heartbeat()
             settled = await settle(self.rebalance)
-            loops.append((self._heartbeat_s, member.heartbeat))
+            loops += [(self._heartbeat_s, member.heartbeat), (REFRESH_S, routes.refresh)]
             self._spawn(rebalance_forever(self.rebalance, self._rebalance_now,
                                           self._rebalance_s, settled=settled))
         for seconds, work in loops:
@@ -299,8 +299,8 @@ class PullConsumer:
             raise ClientError(f"broker {queue.broker_name!r} has no master")
         return addr
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._loops.add(task)
         task.add_done_callback(self._loops.discard)
 
