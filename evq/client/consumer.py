@@ -25,7 +25,7 @@ from typing import Any, Final
 import attrs
 import structlog
 
-from evq.client.errors import ClientError, NotStarted, RouteNotFound
+from evq.client.errors import BrokerRefused, ClientError, NotStarted, RouteNotFound
 from evq.client.identity import new_client_id
 from evq.client.offsets import LocalOffsets, OffsetStore, RemoteOffsets, max_offset
 from evq.client.process_queue import ProcessQueue
@@ -39,6 +39,7 @@ from evq.client.pulling import (
 from evq.client.routes import REFRESH_S, BrokerPool, Routes
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.codes import ResponseCode
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 from evq.domain.rebalance import AllocateStrategy, AllocationError, allocate
@@ -204,8 +205,21 @@ class PushConsumer:
     # -- periodic work --------------------------------------------------------------------------
 
     async def heartbeat(self) -> None:
-        routes, pool, _ = self._started()
-        body = json.dumps({
+        routes, _, _ = self._started()
+        body = self._heartbeat_body()
+        for addr in routes.masters():
+            try:
+                await self._heartbeat_to(addr, body)
+            except (ClientError, TransportError) as exc:
+                log.warning("heartbeat failed", addr=addr, error=str(exc))
+
+    async def _heartbeat_to(self, addr: str, body: bytes | None = None) -> None:
+        _, pool, _ = self._started()
+        await pool.call(addr, RemotingCommand.request(
+            RequestCode.HEART_BEAT, body=body or self._heartbeat_body()), "heartbeat")
+
+    def _heartbeat_body(self) -> bytes:
+        return json.dumps({
             "clientID": self.client_id,
             "consumerDataSet": [{
                 "groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
@@ -218,12 +232,6 @@ class PushConsumer:
             }],
             "producerDataSet": [],
         }).encode()
-        for addr in routes.masters():
-            try:
-                await pool.call(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
-                                "heartbeat")
-            except (ClientError, TransportError) as exc:
-                log.warning("heartbeat failed", addr=addr, error=str(exc))
 
     async def persist(self) -> None:
         _, _, offsets = self._started()
@@ -256,12 +264,28 @@ class PushConsumer:
                 await self._take(q)
 
     async def _member_ids(self, addr: str | None) -> list[str]:
-        _, pool, _ = self._started()
+        """The group's members as ``addr`` knows them, this one included: a broker that
+        has not had this member's heartbeat yet (its route arrived after the start's
+        heartbeat round) gets one first, or the member would own nothing until the next
+        rebalance."""
         if addr is None:
             raise ClientError("no master to ask for the group's members")
-        answer = await pool.call(addr, RemotingCommand.request(
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
-            "consumer list")
+        ids = await self._ask_members(addr)
+        if self.client_id not in ids:
+            await self._heartbeat_to(addr)
+            ids = await self._ask_members(addr)
+        return ids
+
+    async def _ask_members(self, addr: str) -> list[str]:
+        _, pool, _ = self._started()
+        try:
+            answer = await pool.call(addr, RemotingCommand.request(
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
+                "consumer list")
+        except BrokerRefused as exc:
+            if exc.code != ResponseCode.SYSTEM_ERROR:
+                raise
+            return []  # "no consumer for this group": nobody has heart-beaten yet
         return [str(i) for i in json.loads(answer.body)["consumerIdList"]]
 
     async def _take(self, queue: MessageQueue) -> None:
