@@ -9,9 +9,9 @@ queues; the conversation is this one class, so both split a topic exactly alike.
 A rebalance round can fail to *settle*: the topic has no route yet (a topic auto-created a
 moment ago is known to its broker before the name server hears of it), or the broker does not
 list this member yet (its heartbeat went nowhere because no route named that broker when it was
-sent).  :func:`rebalance_forever` then retries with a short, doubling backoff instead of waiting
-a whole period, and :meth:`GroupMember.assignment` heartbeats a master it has not told about
-itself before asking it for the member list.
+sent).  :meth:`GroupMember.assignment` heartbeats a master that does not list this member and
+asks again, and :func:`rebalance_forever` retries a round that still did not settle with a
+short, doubling backoff instead of waiting a whole period.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Final
 
 import structlog
 
-from evq.client.errors import ClientError, RouteNotFound
+from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.pulling import Subscription
 from evq.client.routes import BrokerPool, Routes
+from evq.domain.codes import ResponseCode
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 from evq.domain.rebalance import AllocateStrategy, AllocationError, allocate
@@ -121,9 +122,16 @@ class GroupMember:
                 log.warning("unregister failed", addr=addr, error=str(exc))
 
     async def member_ids(self, addr: str) -> list[str]:
-        answer = await self._pool.call(addr, RemotingCommand.request(
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
-            "consumer list")
+        """The group's client ids as ``addr`` lists them; none when it knows no member yet
+        (it answers SYSTEM_ERROR "no consumer for this group")."""
+        try:
+            answer = await self._pool.call(addr, RemotingCommand.request(
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
+                "consumer list")
+        except BrokerRefused as exc:
+            if exc.code != ResponseCode.SYSTEM_ERROR:
+                raise
+            return []
         try:
             return [str(i) for i in json.loads(answer.body)["consumerIdList"]]
         except (ValueError, KeyError, TypeError) as exc:
@@ -148,10 +156,11 @@ class GroupMember:
         if addr is None:
             log.warning("rebalance: no master to ask for the members", topic=topic)
             return None
-        if addr not in self._told:
-            await self.heartbeat([addr])
         try:
-            ids = await self.member_ids(addr)
+            ids = [] if addr not in self._told else await self.member_ids(addr)
+            if self.client_id not in ids:  # never told, or the broker forgot (restart, expiry)
+                await self.heartbeat([addr])
+                ids = await self.member_ids(addr)
             if self.client_id not in ids:
                 raise ClientError(f"{addr} does not list {self.client_id!r} yet")
             return set(allocate(self._strategy, self.group, self.client_id, queues, ids))
