@@ -94,6 +94,11 @@ class Admin:
     async def __aenter__(self) -> Admin:
         return self
 
+    @property
+    def pool(self) -> BrokerPool:
+        """The broker connections, for callers that send their own requests."""
+        return self._pool
+
     async def __aexit__(self, *exc_info: object) -> None:
         await self._pool.close()
         await self._routes.close()

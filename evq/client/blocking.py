@@ -62,6 +62,9 @@ class SyncProducer:
     def send_orderly(self, msg: Message, key: str) -> SendResult:
         return self._thread.run(self._producer.send_orderly(msg, key))
 
+    def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
+        return self._thread.run(self._producer.send_to_queue(msg, queue_id))
+
     def send_oneway(self, msg: Message) -> None:
         self._thread.run(self._producer.send_oneway(msg))
 

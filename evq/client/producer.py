@@ -231,6 +231,15 @@ class Producer:
         queue = order_queue(await self.publish_queues(msg.topic), key)
         return await self._send_to(queue, [msg], batch=False)
 
+    async def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
+        """To queue ``queue_id`` of the topic's publish queues (in route order); no retry
+        elsewhere, since the caller chose the queue."""
+        self._prepare(msg)
+        queues = [q for q in await self.publish_queues(msg.topic) if q.queue_id == queue_id]
+        if not queues:
+            raise ClientError(f"topic {msg.topic!r} has no writable queue {queue_id}")
+        return await self._send_to(queues[0], [msg], batch=False)
+
     async def send_oneway(self, msg: Message) -> None:
         """Fire and forget: no answer, no retry, no result."""
         self._prepare(msg)

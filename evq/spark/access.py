@@ -1,0 +1,184 @@
+"""Where the connector's messages come from: a live cluster or a store directory.
+
+Both sides answer the same four questions — which queues, their offset bounds, the offset for
+a time, and the messages of an offset range — so planning and reading do not care which one
+they talk to.  Live access uses evq's client (the name servers for topics and routes, pulls
+from the masters); offline access opens the store with its backend, as the broker would.
+
+A store is one process's at a time (its lock).  Spark runs several tasks at once, so an
+offline task waits for the lock (``lockTimeoutSeconds``) instead of failing; a store a
+running broker holds is reported as such once that wait is over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final, Protocol
+
+import structlog
+
+from evq.admin.operations import Admin, AdminError
+from evq.client.blocking import LoopThread
+from evq.client.offsets import max_offset, min_offset, offset_for_time
+from evq.client.pulling import PullStatus, Subscription, parse_pull, pull_request
+from evq.domain import topics as tp
+from evq.domain.filters import parse_subscription
+from evq.domain.log import LogLocked, MessageLog
+from evq.domain.message import Message
+from evq.domain.queues import MessageQueue
+from evq.domain.record import decode
+from evq.spark.options import OptionError, QueueKey, SourceOptions
+
+log = structlog.get_logger(__name__)
+
+READER_GROUP: Final = "evq-spark-reader"
+"""The group live reads pull with; it never commits, so it moves no consumer's offsets."""
+PULL_BATCH: Final = 64
+
+
+class QueueAccess(Protocol):
+    def queues(self, opts: SourceOptions) -> list[QueueKey]: ...
+    def bounds(self, queue: QueueKey) -> tuple[int, int]: ...
+    def offset_for_time(self, queue: QueueKey, timestamp_ms: int) -> int: ...
+    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]: ...
+    def close(self) -> None: ...
+
+
+def open_access(opts: SourceOptions) -> QueueAccess:
+    if opts.namesrv is not None:
+        return LiveAccess(opts.namesrv)
+    assert opts.path is not None
+    return StoreAccess(opts.path, opts.backend, opts.broker_name, opts.lock_wait_s)
+
+
+def selected(opts: SourceOptions, msgs: Iterator[Message]) -> Iterator[Message]:
+    """The messages the ``tags`` / ``filter`` option lets through."""
+    sub = parse_subscription("T", opts.expression, opts.expression_type)
+    if sub.matches_all:
+        return msgs
+    return (m for m in msgs if sub.matches(m.tags, m.properties))
+
+
+def _user_topics(opts: SourceOptions, known: list[str]) -> list[str]:
+    if opts.topic_pattern is None:
+        missing = sorted(set(opts.topics) - set(known))
+        if missing:
+            raise OptionError("topic", f"no such topic: {', '.join(missing)}")
+        return sorted(opts.topics)
+    return sorted(t for t in known if opts.wants(t) and not tp.is_system_topic(t))
+
+
+class LiveAccess:
+    def __init__(self, namesrv: str) -> None:
+        self._thread = LoopThread()
+        self._admin = Admin(namesrv)
+        self._routes: dict[str, dict[str, str]] = {}
+
+    def queues(self, opts: SourceOptions) -> list[QueueKey]:
+        known = self._thread.run(self._admin.topic_list())
+        out: list[QueueKey] = []
+        for topic in _user_topics(opts, known):
+            try:
+                route = self._thread.run(self._admin.topic_route(topic))
+            except AdminError:
+                continue  # deleted between the list and the route
+            self._routes[topic] = {name: addr for name in route.brokers
+                                   if (addr := route.master(name)) is not None}
+            out += [(q.topic, q.broker_name, q.queue_id) for q in route.subscribe_queues()]
+        return sorted(out)
+
+    def bounds(self, queue: QueueKey) -> tuple[int, int]:
+        addr, mq = self._where(queue)
+        pool = self._admin.pool
+        return (self._thread.run(min_offset(pool, addr, mq)),
+                self._thread.run(max_offset(pool, addr, mq)))
+
+    def offset_for_time(self, queue: QueueKey, timestamp_ms: int) -> int:
+        addr, mq = self._where(queue)
+        return self._thread.run(offset_for_time(self._admin.pool, addr, mq, timestamp_ms))
+
+    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]:
+        addr, mq = self._where(queue)
+        sub = Subscription(mq.topic)
+        offset = start
+        while offset < end:
+            cmd = pull_request(READER_GROUP, mq, offset, sub,
+                               max_nums=min(PULL_BATCH, end - offset), suspend_ms=0)
+            result = parse_pull(self._thread.run(self._admin.pool.invoke(addr, cmd)), sub)
+            if result.status is not PullStatus.FOUND:
+                if result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset > offset:
+                    offset = result.next_begin_offset
+                    continue
+                raise OSError(f"{mq.topic}:{mq.broker_name}:{mq.queue_id} has no messages "
+                              f"{offset}..{end - 1} any more ({result.status.name}; the queue "
+                              f"holds {result.min_offset}..{result.max_offset - 1})")
+            for m in result.messages:
+                if m.queue_offset < end:
+                    yield m
+            offset = result.next_begin_offset
+
+    def _where(self, queue: QueueKey) -> tuple[str, MessageQueue]:
+        topic, broker, qid = queue
+        if topic not in self._routes:
+            route = self._thread.run(self._admin.topic_route(topic))
+            self._routes[topic] = {name: addr for name in route.brokers
+                                   if (addr := route.master(name)) is not None}
+        try:
+            return self._routes[topic][broker], MessageQueue(topic, broker, qid)
+        except KeyError:
+            raise OSError(f"broker {broker!r} of {topic!r} has no master now") from None
+
+    def close(self) -> None:
+        self._thread.run(self._admin.__aexit__())
+        self._thread.stop()
+
+
+class StoreAccess:
+    def __init__(self, path: str, backend: str, broker_name: str, lock_wait_s: float) -> None:
+        from evq.backends.registry import open_log
+
+        self.broker_name = broker_name
+        if not Path(path).is_dir():
+            raise OptionError("path", f"no evq store directory at {path}")
+        deadline = time.monotonic() + lock_wait_s
+        while True:
+            try:
+                self._log: MessageLog = open_log(backend, path, background=False)
+                break
+            except LogLocked:
+                if time.monotonic() > deadline:
+                    raise OSError(f"the store at {path} stayed locked for {lock_wait_s:.0f} s: "
+                                  "a running broker holds it (read it live with the "
+                                  "'namesrv' option, or stop the broker)") from None
+                time.sleep(0.05)
+
+    def queues(self, opts: SourceOptions) -> list[QueueKey]:
+        held = self._log.queues()
+        topics = _user_topics(opts, sorted({t for t, _ in held}))
+        return sorted((t, self.broker_name, q) for t, q in held if t in topics)
+
+    def bounds(self, queue: QueueKey) -> tuple[int, int]:
+        return self._log.bounds(queue[0], queue[2])
+
+    def offset_for_time(self, queue: QueueKey, timestamp_ms: int) -> int:
+        return self._log.offset_for_time(queue[0], queue[2], timestamp_ms)
+
+    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]:
+        topic, _, qid = queue
+        offset = start
+        while offset < end:
+            r = self._log.read(topic, qid, offset, max_count=min(PULL_BATCH, end - offset))
+            if not r.records:
+                if r.next_offset > offset:
+                    offset = r.next_offset
+                    continue
+                return
+            for view, qo in zip(r.records, r.queue_offsets, strict=True):
+                if qo < end:
+                    yield decode(view)
+            offset = r.queue_offsets[-1] + 1
+
+    def close(self) -> None:
+        self._log.close()

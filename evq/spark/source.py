@@ -1,0 +1,238 @@
+"""The ``evq`` Spark data source (Spark 4's Python Data Source API): batch and streaming reads,
+batch and streaming writes.
+
+Planning happens in the driver (which queues, which offsets, how to cut them); each task opens
+its own access to the cluster or the store, reads its slice in queue order and closes it.
+Streaming offsets are the per-queue offsets themselves (:mod:`evq.spark.options` shows the
+JSON), so a query restarted from its checkpoint reads on from exactly where the last
+committed micro-batch ended.
+
+Writes are at least once: each task sends its rows and reports how many it sent; a task that
+fails after sending some is retried by Spark and sends them again.  A sink that must see each
+message once deduplicates by ``uniqKey``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import structlog
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import Row, StructType
+
+from evq.spark.access import QueueAccess, open_access, selected
+from evq.spark.options import (
+    BodyAs,
+    Offsets,
+    OffsetSpec,
+    Position,
+    QueueKey,
+    SourceOptions,
+    offsets_from_json,
+    offsets_to_json,
+    parse_sink,
+    parse_source,
+)
+from evq.spark.planning import Slice, limit, slices
+from evq.spark.schema import schema_ddl, to_row
+from evq.spark.writing import send_rows
+
+log = structlog.get_logger(__name__)
+
+try:  # Spark 4.2+: admission control through ReadLimit
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+except ImportError:  # Spark 4.0 / 4.1: latestOffset() takes no arguments
+    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+
+class EvqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "evq"
+
+    def schema(self) -> str:
+        o = {k.lower(): v for k, v in self.options.items()}
+        try:
+            body_as = BodyAs(o.get("bodyas", "binary").lower())
+        except ValueError:
+            body_as = BodyAs.BINARY  # the reader's option check names the bad value
+        return schema_ddl(body_as, o.get("bodyschema"))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return EvqBatchReader(parse_source(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EvqStreamReader(parse_source(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return EvqWriter(parse_sink(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return EvqStreamWriter(parse_sink(self.options))
+
+
+class SlicePartition(InputPartition):
+    """One task's queue range (InputPartition carries it to the executor by pickling)."""
+
+    def __init__(self, piece: Slice) -> None:
+        super().__init__(attrs.astuple(piece, recurse=False))
+        self.piece = piece
+
+
+def _json_fields(schema: StructType) -> list[str]:
+    if "value" in schema.fieldNames():
+        kind = schema["value"].dataType
+        if isinstance(kind, StructType):
+            return kind.fieldNames()
+    return []
+
+
+def _read(opts: SourceOptions, schema: StructType, piece: Slice) -> Iterator[tuple[Any, ...]]:
+    fields = _json_fields(schema)
+    access = open_access(opts)
+    try:
+        _, broker, _ = piece.queue
+        for m in selected(opts, access.read(piece.queue, piece.start, piece.end)):
+            yield to_row(m, broker, opts.body_as, fields)
+    finally:
+        access.close()
+
+
+def _resolve(access: QueueAccess, spec: OffsetSpec, queue: QueueKey, lo: int, hi: int) -> int:
+    if queue in spec.explicit:
+        return min(max(spec.explicit[queue], lo), hi)
+    if spec.timestamp_ms is not None:
+        return min(max(access.offset_for_time(queue, spec.timestamp_ms), lo), hi)
+    return lo if spec.position is Position.EARLIEST else hi
+
+
+class EvqBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        access = open_access(self.opts)
+        try:
+            starts: Offsets = {}
+            ends: Offsets = {}
+            for queue in access.queues(self.opts):
+                lo, hi = access.bounds(queue)
+                starts[queue] = _resolve(access, self.opts.starting, queue, lo, hi)
+                ends[queue] = max(_resolve(access, self.opts.ending, queue, lo, hi),
+                                  starts[queue])
+        finally:
+            access.close()
+        pieces = slices(starts, ends, self.opts.partition_size)
+        log.info("evq batch planned", partitions=len(pieces),
+                 messages=sum(p.end - p.start for p in pieces))
+        return [SlicePartition(p) for p in pieces]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, SlicePartition)
+        return _read(self.opts, self.schema, partition.piece)
+
+
+class EvqStreamReader(DataSourceStreamReader):
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._last: dict[str, Any] | None = None  # Spark 4.0: where the last batch ended
+
+    def initialOffset(self) -> dict[str, Any]:
+        access = open_access(self.opts)
+        try:
+            offsets = {q: _resolve(access, self.opts.starting, q, *access.bounds(q))
+                       for q in access.queues(self.opts)}
+        finally:
+            access.close()
+        return offsets_to_json(offsets)
+
+    def getDefaultReadLimit(self) -> Any:
+        if ReadMaxRows is None or self.opts.max_per_trigger is None:
+            return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadMaxRows(self.opts.max_per_trigger)
+
+    def latestOffset(self, start: dict[str, Any] | None = None,
+                     limit_: Any = None) -> dict[str, Any]:
+        """Spark 4.2+ passes the batch's start and a ReadLimit; 4.0 passes nothing, and the
+        start is where the previous batch ended (``maxMessagesPerTrigger`` applies then)."""
+        if start is None:
+            start = self._last if self._last is not None else self.initialOffset()
+            budget = self.opts.max_per_trigger
+        elif ReadMaxRows is not None and isinstance(limit_, ReadMaxRows):
+            budget = limit_.max_rows
+        else:
+            budget = None if limit_ is not None else self.opts.max_per_trigger
+        starts = offsets_from_json(start)
+        access = open_access(self.opts)
+        try:
+            latest: Offsets = {}
+            for queue in access.queues(self.opts):
+                lo, hi = access.bounds(queue)
+                latest[queue] = hi
+                starts.setdefault(queue, lo)  # a queue new since the last batch: from its start
+        finally:
+            access.close()
+        end = offsets_to_json({**starts, **limit(starts, latest, budget)})
+        self._last = end
+        return end
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]
+                   ) -> Sequence[InputPartition]:
+        starts, ends = offsets_from_json(start), offsets_from_json(end)
+        return [SlicePartition(p) for p in slices(starts, ends, self.opts.partition_size)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, SlicePartition)
+        return _read(self.opts, self.schema, partition.piece)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the checkpoint holds the offsets, and reads never commit."""
+
+
+@attrs.define(slots=True)
+class SentRows(WriterCommitMessage):
+    messages: int
+
+
+class EvqWriter(DataSourceWriter):
+    def __init__(self, opts: Any) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
+        return SentRows(send_rows(self.opts, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        sent = sum(m.messages for m in messages if isinstance(m, SentRows))
+        log.info("evq write committed", messages=sent)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        sent = sum(m.messages for m in messages if isinstance(m, SentRows))
+        log.warning("evq write aborted; the messages sent stay sent (at least once)",
+                    messages=sent)
+
+
+class EvqStreamWriter(DataSourceStreamWriter):
+    def __init__(self, opts: Any) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
+        return SentRows(send_rows(self.opts, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        sent = sum(m.messages for m in messages if isinstance(m, SentRows))
+        log.info("evq micro-batch written", batch=batchId, messages=sent)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("evq micro-batch aborted; what was sent stays sent", batch=batchId)

@@ -1,0 +1,83 @@
+"""The connector's pure parts: option parsing, offsets JSON, partition slices, trigger limits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.spark.options import (
+    OptionError,
+    Position,
+    offsets_from_json,
+    offsets_to_json,
+    parse_sink,
+    parse_source,
+)
+from evq.spark.planning import limit, slices
+
+queues = st.tuples(st.sampled_from(["A", "B"]), st.sampled_from(["broker-a", "broker-b"]),
+                   st.integers(0, 7))
+offset_maps = st.dictionaries(queues, st.integers(0, 10**6), max_size=12)
+
+
+@given(offset_maps)
+def test_offsets_json_round_trips(offsets: dict[tuple[str, str, int], int]) -> None:
+    assert offsets_from_json(offsets_to_json(offsets)) == offsets
+
+
+@given(offset_maps, st.integers(1, 50), st.integers(0, 100))
+def test_slices_cover_each_range_once_within_the_size(
+        ends: dict[tuple[str, str, int], int], size: int, back: int) -> None:
+    starts = {q: max(e - back, 0) for q, e in ends.items()}
+    pieces = slices(starts, ends, size)
+    for q in ends:
+        mine = [(p.start, p.end) for p in pieces if p.queue == q]
+        covered = [o for lo, hi in mine for o in range(lo, hi)]
+        assert covered == list(range(starts[q], ends[q]))
+        assert all(0 < hi - lo <= size for lo, hi in mine)
+
+
+@given(offset_maps, st.integers(0, 500), st.one_of(st.none(), st.integers(1, 300)))
+def test_a_trigger_reads_at_most_its_budget_and_always_progresses(
+        latest: dict[tuple[str, str, int], int], back: int, budget: int | None) -> None:
+    starts = {q: max(e - back, 0) for q, e in latest.items()}
+    ends = limit(starts, latest, budget)
+    taken = sum(ends[q] - starts[q] for q in latest)
+    waiting = sum(latest[q] - starts[q] for q in latest)
+    assert all(starts[q] <= ends[q] <= latest[q] for q in latest)
+    assert taken == (waiting if budget is None else min(budget, waiting))
+
+
+def test_defaults_and_offsets_forms() -> None:
+    batch = parse_source({"namesrv": "h:1", "topic": "A, B"}, streaming=False)
+    assert batch.topics == ("A", "B") and batch.starting.position is Position.EARLIEST
+    stream = parse_source({"NameSrv": "h:1", "topicPattern": "A.*",
+                           "startingOffsets": "timestamp:1700000000000",
+                           "maxMessagesPerTrigger": "10"}, streaming=True)
+    assert stream.starting.timestamp_ms == 1_700_000_000_000 and stream.max_per_trigger == 10
+    assert stream.wants("Alpha") and not stream.wants("Beta")
+    explicit = parse_source({"path": "/d", "topic": "A",
+                             "endingOffsets": '{"A": {"broker-a": {"3": 9}}}'}, streaming=False)
+    assert explicit.ending.explicit == {("A", "broker-a", 3): 9}
+    assert parse_sink({"namesrv": "h:1", "batchSize": "5"}).batch == 5
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"namesrv": "h:1", "topic": "A", "endingOffsets": "latest"}, "endingOffsets"),
+    ({"namesrv": "h:1", "topic": "A", "maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger"),
+    ({"namesrv": "h:1", "topic": "A", "topicPattern": "A"}, "topic"),
+    ({"namesrv": "h:1", "topicPattern": "("}, "topicPattern"),
+    ({"namesrv": "h:1", "topic": "A", "tags": "a", "filter": "a = 1"}, "filter"),
+    ({"namesrv": "h:1", "topic": "A", "bodyAs": "json"}, "bodySchema"),
+    ({"namesrv": "h:1", "topic": "A", "startingOffsets": '{"A": {"b": {"0": -1}}}'},
+     "startingOffsets"),
+])
+def test_bad_options_name_themselves(options: dict[str, str], named: str) -> None:
+    with pytest.raises(OptionError, match=f"evq option '{named}'"):
+        parse_source(options, streaming=True)
+
+
+def test_writes_need_a_cluster() -> None:
+    with pytest.raises(OptionError, match="evq option 'namesrv'"):
+        parse_sink({"topic": "A"})

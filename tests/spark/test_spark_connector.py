@@ -1,0 +1,157 @@
+"""The ``evq`` Spark format end to end: batch reads (live and offline), streaming with a
+checkpoint restart, writes, and option errors — Spark local[2] against a real ``evq serve``."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row, SparkSession
+
+from evq.client.blocking import SyncProducer
+from evq.domain.message import new_message
+from tests.client.conftest import Served, wait_registered
+from tests.processes import running_evq
+
+
+def produce(namesrv: str, topic: str, n: int, *, start: int = 0, tags: str = "t") -> list[str]:
+    """Send ``n`` numbered messages; their UNIQ_KEYs."""
+    with SyncProducer("PG-spark-test", namesrv) as p:
+        return [p.send(new_message(topic, b"%d" % i, tags=tags, keys=[f"k{i}"])).msg_id
+                for i in range(start, start + n)]
+
+
+def read(spark: SparkSession, **options: str) -> list[Row]:
+    return spark.read.format("evq").options(**options).load().collect()
+
+
+def assert_queue_order(rows: list[Row]) -> None:
+    per_queue: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for r in rows:
+        per_queue[(r.brokerName, r.queueId)].append(r.queueOffset)
+    for offsets in per_queue.values():
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+
+
+def test_batch_read_has_every_message_once_in_queue_order(spark: SparkSession,
+                                                          live: Served) -> None:
+    sent = produce(live.namesrv, "SpBatch", 120)
+    rows = read(spark, namesrv=live.namesrv, topic="SpBatch", maxMessagesPerPartition="7",
+                bodyAs="string")
+    assert sorted(r.uniqKey for r in rows) == sorted(sent)
+    assert_queue_order(rows)
+    first = next(r for r in rows if r.value == "0")
+    assert (first.topic, first.tags, first.keys, first.properties["KEYS"]) == (
+        "SpBatch", "t", ["k0"], "k0")
+    assert first.body == b"0" and first.storeTimestamp >= first.bornTimestamp.replace(
+        microsecond=0) and first.msgId and first.storeHost == live.broker
+
+
+def test_tags_filter_pattern_and_explicit_offsets(spark: SparkSession, live: Served) -> None:
+    produce(live.namesrv, "SpTagA", 6, tags="a")
+    produce(live.namesrv, "SpTagA", 4, start=6, tags="b")
+    produce(live.namesrv, "SpTagB", 3, tags="a")
+    only_b = read(spark, namesrv=live.namesrv, topic="SpTagA", tags="b", bodyAs="string")
+    assert sorted(int(r.value) for r in only_b) == [6, 7, 8, 9]
+    sql = read(spark, namesrv=live.namesrv, topic="SpTagA", filter="TAGS = 'a'")
+    assert len(sql) == 6
+    both = read(spark, namesrv=live.namesrv, topicPattern="SpTag[AB]")
+    assert len(both) == 13 and {r.topic for r in both} == {"SpTagA", "SpTagB"}
+    starting = {"SpTagA": {"broker-a": {str(q): 1 for q in range(4)}}}
+    skipped = read(spark, namesrv=live.namesrv, topic="SpTagA",
+                   startingOffsets=json.dumps(starting))
+    per_queue = defaultdict(int)
+    for r in read(spark, namesrv=live.namesrv, topic="SpTagA"):
+        per_queue[r.queueId] += 1
+    assert len(skipped) == sum(max(n - 1, 0) for n in per_queue.values())
+    assert all(r.queueOffset >= 1 for r in skipped)
+
+
+def test_json_bodies_become_a_struct_column(spark: SparkSession, live: Served) -> None:
+    with SyncProducer("PG-spark-json", live.namesrv) as p:
+        for i in range(3):
+            p.send(new_message("SpJson", json.dumps({"id": i, "amount": i * 1.5}).encode()))
+        p.send(new_message("SpJson", b"not json"))
+    rows = read(spark, namesrv=live.namesrv, topic="SpJson", bodyAs="json",
+                bodySchema="id INT, amount DOUBLE")
+    values = sorted((r.value.id, r.value.amount) for r in rows if r.value is not None)
+    assert values == [(0, 0.0), (1, 1.5), (2, 3.0)]
+    assert sum(r.value is None for r in rows) == 1
+
+
+def test_write_then_read_round_trips_every_field(spark: SparkSession, live: Served) -> None:
+    df = spark.createDataFrame([
+        Row(topic="SpWrite", body=b"one", keys=["a", "b"], tags="x", properties={"p": "1"},
+            shardingKey=None),
+        Row(topic="SpWrite", body=b"two", keys=["c"], tags="y", properties={"p": "2"},
+            shardingKey="order-7"),
+        Row(topic="SpWrite", body=b"three", keys=[], tags=None, properties={},
+            shardingKey=None),
+    ], "topic STRING, body BINARY, keys ARRAY<STRING>, tags STRING, "
+       "properties MAP<STRING, STRING>, shardingKey STRING")
+    df.write.format("evq").option("namesrv", live.namesrv).mode("append").save()
+    got = {r.body: r for r in read(spark, namesrv=live.namesrv, topic="SpWrite")}
+    assert set(got) == {b"one", b"two", b"three"}
+    assert (got[b"one"].keys, got[b"one"].tags, got[b"one"].properties["p"]) == (
+        ["a", "b"], "x", "1")
+    assert (got[b"two"].keys, got[b"two"].tags, got[b"two"].properties["p"]) == (
+        ["c"], "y", "2")
+    assert got[b"three"].tags is None and got[b"three"].keys == []
+
+
+def test_a_restarted_stream_delivers_every_message_exactly_once(
+        spark: SparkSession, live: Served, tmp_path: Path) -> None:
+    first = produce(live.namesrv, "SpStream", 60)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run_stream() -> None:
+        stream = (spark.readStream.format("evq").option("namesrv", live.namesrv)
+                  .option("topic", "SpStream").option("startingOffsets", "earliest")
+                  .option("maxMessagesPerTrigger", "25").load()
+                  .select("uniqKey", "queueId", "queueOffset"))
+        query = (stream.writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(checkpoint)).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    run_stream()
+    second = produce(live.namesrv, "SpStream", 40, start=60)
+    run_stream()
+    keys = [r.uniqKey for r in spark.read.parquet(str(out)).collect()]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(first + second)
+
+
+def test_offline_read_equals_live_read(spark: SparkSession, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
+                     "--data", str(data), servers=2) as running:
+        namesrv = running.addresses["namesrv"]
+        wait_registered(namesrv)
+        produce(namesrv, "SpOff", 30)
+        live_rows = read(spark, namesrv=namesrv, topic="SpOff")
+        with pytest.raises(Exception, match="a running broker holds it"):
+            read(spark, path=str(data), topic="SpOff", lockTimeoutSeconds="1")
+        assert running.stop() == 0
+    offline = read(spark, path=str(data), backend="mmap", topic="SpOff")
+    assert len(live_rows) == 30
+    assert sorted(offline, key=lambda r: r.msgId) == sorted(live_rows, key=lambda r: r.msgId)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"topic": "T"}, "namesrv"),
+    ({"namesrv": "127.0.0.1:1", "path": "/tmp"}, "namesrv"),
+    ({"namesrv": "127.0.0.1:1"}, "topic"),
+    ({"path": "/nonexistent", "topic": "T", "backend": "nope"}, "backend"),
+    ({"namesrv": "127.0.0.1:1", "topic": "T", "startingOffsets": "soon"}, "startingOffsets"),
+    ({"namesrv": "127.0.0.1:1", "topic": "T", "filter": "a >"}, "filter"),
+    ({"namesrv": "127.0.0.1:1", "topic": "T", "bodyAs": "xml"}, "bodyAs"),
+    ({"path": "/nonexistent-evq", "topic": "T"}, "path"),
+])
+def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[str, str],
+                                            named: str) -> None:
+    with pytest.raises(Exception, match=f"evq option '{named}'"):
+        read(spark, **options)
