@@ -319,10 +319,17 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", dest="broker_role", default=None,
                    choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
     p.add_argument("--flush", dest="flush", default=None, choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    p.add_argument("--ha-port", dest="ha_listen_port", type=_non_negative_int, default=None,
+                   help="a master's replication port (default: --port + 1; any free port "
+                        "with --port 0)")
+    p.add_argument("--master-ha", dest="master_ha_addr", default=None, metavar="H:P",
+                   help="a slave's master replication address (default: learnt from the "
+                        "name servers)")
 
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
-                 "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush")
+                 "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
+                 "ha_listen_port", "master_ha_addr")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
@@ -356,8 +363,9 @@ async def _start_broker(server: BrokerServer, settings: Settings) -> None:
         await server.start()
     except OSError as exc:
         raise _cannot_listen(settings.net.host, settings.net.listen_port, exc) from exc
+    ha = f", ha {server.ha_address}" if server.ha_address else ""
     print(f"{PROG} broker listening on {server.address} "
-          f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir})",
+          f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir}{ha})",
           flush=True)
 
 

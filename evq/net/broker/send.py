@@ -84,6 +84,17 @@ async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
                       result.appended)
 
 
+async def replicated(ctx: BrokerContext, result: SendResult) -> SendResult:
+    """SYNC_MASTER: acknowledge only what a slave holds (RocketMQ's handleHA); the message
+    is stored either way, the code tells the producer whether a slave has it."""
+    if ctx.replicated is None or not result.ok:
+        return result
+    status = await ctx.replicated(result.end_offset, ctx.core.config.sync_flush_timeout_ms / 1000)
+    if status is PutStatus.PUT_OK:
+        return result
+    return SendResult(status, result.topic, result.queue_id, result.appended)
+
+
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = v1_header(cmd)
@@ -103,7 +114,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.topics_changed()
         else:
             result = put()
-        result = await durable(ctx, result)
+        result = await replicated(ctx, await durable(ctx, result))
         if not result.appended or result.appended[0].physical_offset < 0:
             return cmd.response(result.code, f"store put failed: {result.status.value}")
         return cmd.response(result.code, None, {
