@@ -1,0 +1,108 @@
+"""Masters killed with SIGKILL while producers send: what SYNC_MASTER and ASYNC_MASTER promise.
+
+SYNC_MASTER + SYNC_FLUSH: a SEND_OK means the master flushed the message and a slave holds
+it, so after any number of kills every acknowledged message is on the slave and on the
+restarted master, at the queue offset the producer was told, and no queue holds a message
+twice (the producers never resend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+
+from evq.client.errors import ClientError
+from evq.client.producer import Producer, SendStatus
+from evq.domain.message import new_message
+from evq.net.transport import TransportError
+from tests.ha.group import Group, broker_group, read_store, wait_caught_up
+
+TOPIC = "HaKill"
+SENDERS = 4
+ROUNDS = 10
+ACKS_PER_ROUND = 20
+ACK_WAIT_S = 30.0
+
+
+@attrs.frozen
+class Ack:
+    queue_id: int
+    queue_offset: int
+    uniq: str
+
+
+async def send_continuously(producer: Producer, stop: asyncio.Event, acked: list[Ack],
+                            tag: str) -> None:
+    n = 0
+    while not stop.is_set():
+        n += 1
+        try:
+            r = await producer.send(new_message(TOPIC, f"{tag}-{n}".encode()))
+        except (ClientError, TransportError, OSError):
+            await asyncio.sleep(0.02)  # the master is down: try the next message soon
+            continue
+        if r.status is SendStatus.SEND_OK:
+            acked.append(Ack(r.queue.queue_id, r.queue_offset, r.msg_id))
+
+
+async def until(cond: Callable[[], bool], what: str) -> None:
+    try:
+        async with asyncio.timeout(ACK_WAIT_S):
+            while not cond():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def kill_rounds(group: Group, role: str, rounds: int, on_kill: Callable[[], None]
+                      ) -> list[Ack]:
+    acked: list[Ack] = []
+    stop = asyncio.Event()
+    async with Producer("ha-kill", group.namesrv, retries=0) as producer:
+        senders = [asyncio.create_task(send_continuously(producer, stop, acked, f"s{i}"))
+                   for i in range(SENDERS)]
+        try:
+            for _ in range(rounds):
+                target = len(acked) + ACKS_PER_ROUND
+                await until(lambda t=target: len(acked) >= t, "acknowledged sends")
+                await asyncio.sleep(random.uniform(0, 0.3))  # a random moment of the load
+                on_kill()
+                await asyncio.to_thread(group.kill_master)
+                await asyncio.to_thread(group.start_master, role, "--flush", "SYNC_FLUSH")
+            target = len(acked) + ACKS_PER_ROUND
+            await until(lambda: len(acked) >= target, "acknowledged sends after the last kill")
+        finally:
+            stop.set()
+            await asyncio.gather(*senders)
+    return acked
+
+
+def check_store(contents_queues: dict[tuple[str, int], list[str]], acked: list[Ack]) -> None:
+    for (_t, q), keys in contents_queues.items():
+        assert len(keys) == len(set(keys)), f"queue {q} holds a message twice"
+    for a in acked:
+        keys = contents_queues.get((TOPIC, a.queue_id), [])
+        assert a.queue_offset < len(keys) and keys[a.queue_offset] == a.uniq, a
+
+
+@pytest.mark.slow
+def test_sync_master_loses_no_acknowledged_message_through_kills(tmp_path: Path) -> None:
+    with broker_group(tmp_path) as group:
+        group.start_master("SYNC_MASTER", "--flush", "SYNC_FLUSH")
+        group.start_slave()
+        acked = asyncio.run(kill_rounds(group, "SYNC_MASTER", ROUNDS, lambda: None))
+        wait_caught_up(group)
+        assert group.master is not None and group.slave is not None
+        assert group.master.stop() == 0
+        assert group.slave.stop() == 0
+    master = read_store(tmp_path / "master", TOPIC)
+    slave = read_store(tmp_path / "slave", TOPIC)
+    print(f"{len(acked)} acknowledged sends over {ROUNDS} kills")
+    check_store(master.queues, acked)
+    check_store(slave.queues, acked)
+    assert slave.raw == master.raw
