@@ -25,6 +25,7 @@ from typing import Any, Final
 import attrs
 import structlog
 
+from evq.client.broker_choice import MASTER_ID, BrokerChoice
 from evq.client.errors import ClientError, NotStarted, RouteNotFound
 from evq.client.identity import new_client_id
 from evq.client.offsets import LocalOffsets, OffsetStore, RemoteOffsets, max_offset
@@ -126,6 +127,7 @@ class PushConsumer:
         self._rebalance_now = asyncio.Event()
         self._slots = asyncio.Semaphore(self.options.consume_concurrency)
         self._routes: Routes | None = None
+        self._brokers = BrokerChoice(clock)
         self._pool: BrokerPool | None = None
         self._offsets: OffsetStore | None = None
 
@@ -154,7 +156,9 @@ class PushConsumer:
         dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified})
         self._routes = Routes(self._namesrv, self._clock)
         self._pool = BrokerPool(dispatcher, self._clock)
-        self._offsets = (RemoteOffsets(self.group, self._pool, self._routes.master)
+        routes = self._routes
+        self._offsets = (RemoteOffsets(self.group, self._pool, lambda name: self._brokers
+                                       .offset_target(routes.group_addresses(name)))
                          if self.model is MessageModel.CLUSTERING
                          else LocalOffsets(self._offsets_file))
         await self._refresh_routes()
@@ -303,18 +307,24 @@ class PushConsumer:
                 await asyncio.sleep(FLOW_CONTROL_BACKOFF_S)
                 continue
             committed = offsets.get(queue) if self.model is MessageModel.CLUSTERING else None
-            addr = routes.master(queue.broker_name)
+            target = self._brokers.pull_target(queue, routes.group_addresses(queue.broker_name))
             try:
-                if addr is None:
-                    raise ClientError(f"broker {queue.broker_name!r} has no master")
+                if target is None:
+                    raise ClientError(f"broker {queue.broker_name!r} has no address")
+                broker_id, addr = target
+                if broker_id != MASTER_ID:  # a slave takes no commit (seed 000)
+                    committed = None
                 answer = await pool.invoke(addr, pull_request(
                     self.group, queue, offset, sub, commit_offset=committed or -1),
                     LONG_POLL_TIMEOUT_S)
                 result = parse_pull(answer, sub)
             except (ClientError, TransportError) as exc:
+                if isinstance(exc, TransportError) and target is not None:
+                    self._brokers.failed(target[1])
                 log.warning("pull failed", queue=queue, error=str(exc))
                 await asyncio.sleep(PULL_ERROR_BACKOFF_S)
                 continue
+            self._brokers.suggest(queue, result.suggest_which_broker_id)
             if pq.dropped:
                 return
             offset = result.next_begin_offset

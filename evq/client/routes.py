@@ -215,5 +215,12 @@ class Routes:
                 return addr
         return None
 
+    def group_addresses(self, broker_name: str) -> dict[int, str]:
+        """Every known address of a broker group, by broker id, over all cached routes."""
+        out: dict[int, str] = {}
+        for route in self._routes.values():
+            out.update(route.brokers.get(broker_name, {}))
+        return out
+
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._namesrv), return_exceptions=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import structlog
@@ -53,13 +53,16 @@ class HASlave:
 
     def __init__(self, message_log: MessageLog, master_addr: Callable[[], str | None], *,
                  report_interval_s: float = REPORT_INTERVAL_S,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None,
+                 on_streaming: Callable[[], Awaitable[None]] | None = None) -> None:
         self._log = message_log
         self._window = LogWindow(message_log)
         self._master_addr = master_addr
         self._report_interval_s = report_interval_s
         self._backoff = backoff or Backoff()
+        self._on_streaming = on_streaming
         self._task: asyncio.Task[None] | None = None
+        self._hooks: set[asyncio.Task[None]] = set()
         self.streaming = False
         """True while connected and past the handshake."""
 
@@ -67,6 +70,8 @@ class HASlave:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def shutdown(self) -> None:
+        for hook in list(self._hooks):
+            hook.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -96,6 +101,10 @@ class HASlave:
             log.info("ha_streaming", master=addr, start=start)
             self.streaming = True
             self._backoff.reset()
+            if self._on_streaming is not None:  # alongside the stream, not before it
+                hook = asyncio.create_task(self._on_streaming())
+                self._hooks.add(hook)
+                hook.add_done_callback(self._hooks.discard)
             await self._stream(reader, writer, start)
         finally:
             writer.close()

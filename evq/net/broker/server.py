@@ -31,13 +31,21 @@ from evq.net.codes import RequestCode
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
-from evq.net.registration import BrokerRegistrar
-from evq.net.transport import Connection, Dispatcher, RemotingServer, TransportConfig
+from evq.net.registration import BrokerRegistrar, split_address
+from evq.net.transport import (
+    Connection,
+    Dispatcher,
+    RemotingClient,
+    RemotingServer,
+    TransportConfig,
+    TransportError,
+)
 from evq.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 MEMBERSHIP_SCAN_S = 10.0
+HAND_BACK_S = 5.0
 PROCESSOR_MODULES = (send, pull, clients, queries, admin)
 
 
@@ -141,7 +149,8 @@ class BrokerServer:
         s = self.settings
         message_log = ctx.core.log
         if s.broker.is_slave:
-            self.ha_slave = HASlave(message_log, self._master_ha_addr)
+            self.ha_slave = HASlave(message_log, self._master_ha_addr,
+                                    on_streaming=self._hand_back_offsets)
             self.ha_slave.start()
             return
         master = HAMaster(message_log, s.net.host, s.net.ha_port)
@@ -156,6 +165,27 @@ class BrokerServer:
         self.ha_master = master
         if s.broker.broker_role is BrokerRole.SYNC_MASTER:
             ctx.replicated = master.wait_replicated
+
+    async def _hand_back_offsets(self) -> None:
+        """A slave that is streaming again gives its master the offsets consumers committed
+        here meanwhile; the master keeps those ahead of its own, records them, and the
+        slave's pending commits end when that record replicates back."""
+        assert self.ctx is not None
+        commits = self.ctx.core.local_commits()
+        master = self.registrar.master_addr if self.registrar is not None else None
+        if not commits or master is None:
+            return
+        try:
+            async with RemotingClient(*split_address(master), clock=self._clock) as client:
+                for (group, topic, queue_id), offset in commits.items():
+                    await client.invoke(RemotingCommand.request(
+                        RequestCode.UPDATE_CONSUMER_OFFSET,
+                        {"consumerGroup": group, "topic": topic, "queueId": queue_id,
+                         "commitOffset": offset, clients.TAKE_IF_NEWER: True}), HAND_BACK_S)
+        except TransportError as exc:
+            log.warning("offsets_not_handed_back", master=master, error=str(exc))
+            return
+        log.info("offsets_handed_back", master=master, offsets=len(commits))
 
     def _master_ha_addr(self) -> str | None:
         configured = self.settings.net.master_ha_addr
