@@ -222,7 +222,7 @@ class PushConsumer:
             }],
             "producerDataSet": [],
         }).encode()
-        for addr in routes.masters():
+        for addr in routes.all_addresses():  # slaves too: a pull may go there (seed 000)
             try:
                 await pool.call(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
                                 "heartbeat")
@@ -248,7 +248,8 @@ class PushConsumer:
             mine = set(queues)
             if self.model is MessageModel.CLUSTERING and queues:
                 try:
-                    ids = await self._member_ids(route.master(queues[0].broker_name))
+                    ids = await self._member_ids(self._brokers.offset_target(
+                        routes.group_addresses(queues[0].broker_name)))
                     mine = set(allocate(self.options.strategy, self.group, self.client_id,
                                         queues, ids))
                 except (AllocationError, ClientError, TransportError) as exc:
@@ -262,7 +263,7 @@ class PushConsumer:
     async def _member_ids(self, addr: str | None) -> list[str]:
         _, pool, _ = self._started()
         if addr is None:
-            raise ClientError("no master to ask for the group's members")
+            raise ClientError("no broker to ask for the group's members")
         answer = await pool.call(addr, RemotingCommand.request(
             RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
             "consumer list")
@@ -273,7 +274,7 @@ class PushConsumer:
         try:
             start = await offsets.read(queue)
             if start < 0:
-                addr = routes.master(queue.broker_name)
+                addr = self._brokers.offset_target(routes.group_addresses(queue.broker_name))
                 if (self.options.consume_from is ConsumeFrom.FIRST_OFFSET
                         or queue.topic.startswith(tp.RETRY_PREFIX) or addr is None):
                     start = 0

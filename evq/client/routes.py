@@ -209,6 +209,11 @@ class Routes:
         return sorted({addr for r in self._routes.values() for ids in r.brokers.values()
                        for i, addr in ids.items() if i == MASTER_ID})
 
+    def all_addresses(self) -> list[str]:
+        """Every broker address, masters and slaves, of every cached route."""
+        return sorted({addr for r in self._routes.values() for ids in r.brokers.values()
+                       for addr in ids.values()})
+
     def master(self, broker_name: str) -> str | None:
         for route in self._routes.values():
             if (addr := route.master(broker_name)) is not None:

@@ -64,7 +64,8 @@ class Group:
         them pre-faulting a 1 GiB file."""
         path = self.root / "broker.conf"
         if not path.exists():
-            path.write_text("mappedFileSizeCommitLog=16777216\nwarmSegments=false\n")
+            path.write_text("mappedFileSizeCommitLog=16777216\nwarmSegments=false\n"
+                            "slaveReadEnable=true\n")
         return path
 
     def start_master(self, role: str, *extra: str) -> Running:
@@ -105,6 +106,18 @@ async def log_end(addr: str) -> int:
         answer = await client.invoke(
             RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), 5.0)
     return int(json.loads(answer.body)["table"]["commitLogMaxOffset"])
+
+
+async def committed(addr: str, group: str, topic: str, queues: int) -> list[int]:
+    """The group's committed offset of each queue on one broker (-1: none)."""
+    out = []
+    async with RemotingClient(*split_address(addr)) as client:
+        for q in range(queues):
+            answer = await client.invoke(RemotingCommand.request(
+                RequestCode.QUERY_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": topic, "queueId": q}), 5.0)
+            out.append(answer.get_long("offset") if answer.code == 0 else -1)
+    return out
 
 
 def wait_caught_up(group: Group) -> int:

@@ -124,7 +124,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         for c in beat.consumers:
             group = await ctx.blocking(ctx.core.ensure_group, c.group)
             retry = tp.retry_topic(c.group)
-            if group.retry_queue_nums > 0 and ctx.core.topic(retry) is None:
+            # A slave has its master's retry topics through the log and creates none itself.
+            if (group.retry_queue_nums > 0 and ctx.core.topic(retry) is None
+                    and not ctx.core.config.is_slave):
                 await ctx.blocking(ctx.core.ensure_topic, retry, group.retry_queue_nums)
                 ctx.topics_changed()
         if conn not in ctx.clients:

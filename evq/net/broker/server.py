@@ -167,14 +167,21 @@ class BrokerServer:
             ctx.replicated = master.wait_replicated
 
     async def _hand_back_offsets(self) -> None:
-        """A slave that is streaming again gives its master the offsets consumers committed
-        here meanwhile; the master keeps those ahead of its own, records them, and the
-        slave's pending commits end when that record replicates back."""
-        assert self.ctx is not None
-        commits = self.ctx.core.local_commits()
-        master = self.registrar.master_addr if self.registrar is not None else None
-        if not commits or master is None:
-            return
+        """While a slave streams, it gives its master the offsets consumers committed here
+        (while the master was down, or before they noticed it was back), every few seconds.
+        The master keeps those ahead of its own and records them; a pending commit here ends
+        when that record replicates back (:meth:`evq.domain.broker.Broker.local_commits`)."""
+        assert self.ctx is not None and self.ha_slave is not None
+        core = self.ctx.core
+        while self.ha_slave.streaming:
+            commits = core.local_commits()
+            master = self.registrar.master_addr if self.registrar is not None else None
+            if commits and master is not None:
+                await self._send_offsets(master, commits)
+            await asyncio.sleep(HAND_BACK_S)
+
+    async def _send_offsets(self, master: str, commits: dict[tuple[str, str, int], int]
+                            ) -> None:
         try:
             async with RemotingClient(*split_address(master), clock=self._clock) as client:
                 for (group, topic, queue_id), offset in commits.items():
