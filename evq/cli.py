@@ -287,6 +287,57 @@ def _cmd_bench_net(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq bench ha ---------------------------------------------------------------------------
+
+
+def _add_bench_ha(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "ha",
+        help="produce throughput and latency with no slave, ASYNC_MASTER and SYNC_MASTER",
+        description=(
+            "Start a master (and a slave) in child processes for each of three setups (no "
+            "slave, ASYNC_MASTER, SYNC_MASTER) and produce single-message sends with several "
+            "in flight: msgs/s, send p50/p99, and the slave's lag behind the master in bytes."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=20_000,
+                   help="sends per setup (default: 20000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--in-flight", type=_positive_int, default=32,
+                   help="sends outstanding at once (default: 32)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"the brokers' store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the stores (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_ha, log_level_default="warning")
+
+
+def _cmd_bench_ha(args: argparse.Namespace) -> int:
+    from evq.bench.ha import HABenchOptions, format_report, run_ha_bench
+
+    try:
+        opts = HABenchOptions(backend=args.backend, messages=args.messages, size=args.size,
+                              in_flight=args.in_flight, data=args.data)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_ha_bench(opts)
+    words = [PROG, "bench", "ha", "--backend", args.backend, "--messages", str(args.messages),
+             "--size", str(args.size), "--in-flight", str(args.in_flight)]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    rerun = shlex.join(words)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
 # --- evq broker ------------------------------------------------------------------------------
 
 
@@ -547,6 +598,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_store(benches)
     _add_bench_backends(benches)
     _add_bench_net(benches)
+    _add_bench_ha(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:
