@@ -20,6 +20,7 @@ from evq.domain.log import GetStatus, MessageLog
 from evq.domain.message import Prop
 from evq.domain.record import decode
 from evq.ha.log_window import LogWindow
+from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.registration import split_address
@@ -117,6 +118,21 @@ async def committed(addr: str, group: str, topic: str, queues: int) -> list[int]
                 RequestCode.QUERY_CONSUMER_OFFSET,
                 {"consumerGroup": group, "topic": topic, "queueId": q}), 5.0)
             out.append(answer.get_long("offset") if answer.code == 0 else -1)
+    return out
+
+
+async def admin_tables(addr: str) -> dict[str, object]:
+    """What an operator's tools read from a broker: every topic config, subscription group,
+    consumer offset and delay offset (data versions left out: each broker stamps its own)."""
+    out: dict[str, object] = {}
+    async with RemotingClient(*split_address(addr)) as client:
+        for code, table in ((RequestCode.GET_ALL_TOPIC_CONFIG, "topicConfigTable"),
+                            (RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                             "subscriptionGroupTable"),
+                            (RequestCode.GET_ALL_CONSUMER_OFFSET, "offsetTable"),
+                            (RequestCode.GET_ALL_DELAY_OFFSET, "delay:offsetTable")):
+            answer = await client.invoke(RemotingCommand.request(code, {}), 5.0)
+            out[table] = fastjson.loads(answer.body.decode())[table.rpartition(":")[2]]
     return out
 
 
