@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -16,6 +15,9 @@ import attrs
 
 from evq.backends.config import StoreConfig
 from evq.backends.registry import open_log
+from evq.client.errors import ClientError
+from evq.client.routes import Routes
+from evq.domain import topics as tp
 from evq.domain.log import GetStatus, MessageLog
 from evq.domain.message import Prop
 from evq.domain.record import decode
@@ -28,7 +30,6 @@ from evq.net.transport import RemotingClient, TransportError
 from tests.processes import Running, running_evq
 
 HOST = "127.0.0.1"
-HA_ADDRESS = re.compile(r", ha (\S+)\)")
 CATCH_UP_S = 30.0
 
 
@@ -70,11 +71,13 @@ class Group:
         return path
 
     def start_master(self, role: str, *extra: str) -> Running:
+        """Start (or restart) the master; returns once the name server routes to it."""
         self.master = self.stack.enter_context(running_evq(
             "--log-level", "warning", "broker", "--config", str(self.config),
             "--port", str(self.master_port),
             "--ha-port", str(self.ha_port), "--namesrv", self.namesrv, "--role", role,
             "--data", str(self.root / "master"), *extra, servers=1))
+        wait_registered(self.namesrv, self.master_addr)
         return self.master
 
     def start_slave(self, *extra: str) -> Running:
@@ -89,6 +92,27 @@ class Group:
         assert self.master is not None
         self.master.proc.kill()
         self.master.proc.wait(10)
+
+
+def wait_registered(namesrv: str, broker_addr: str) -> None:
+    """Poll until the name server routes the default topic to ``broker_addr``: a broker
+    prints where it listens before its first registration has arrived."""
+    deadline = time.monotonic() + CATCH_UP_S
+    while not asyncio.run(_routed(namesrv, broker_addr)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{broker_addr} never registered with {namesrv}")
+        time.sleep(0.05)
+
+
+async def _routed(namesrv: str, broker_addr: str) -> bool:
+    routes = Routes(namesrv)
+    try:
+        route = await routes.lookup(tp.AUTO_CREATE_TOPIC)
+    except ClientError:
+        return False
+    finally:
+        await routes.close()
+    return any(broker_addr in ids.values() for ids in route.brokers.values())
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import pytest
 
 from evq.client.producer import Producer, SendStatus
 from evq.domain.message import new_message
-from tests.ha.group import broker_group, read_store, wait_caught_up
+from tests.ha.group import broker_group, read_store, wait_caught_up, wait_registered
 from tests.processes import running_evq
 
 TOPIC = "HaFork"
@@ -36,6 +36,7 @@ def test_forked_slave_is_cut_back_and_follows_its_master(tmp_path: Path) -> None
         with running_evq("--log-level", "warning", "broker", "--config", str(group.config),
                          "--port", "0", "--namesrv", group.namesrv, "--broker-name", "fork",
                          "--data", str(tmp_path / "slave"), servers=1) as fork:
+            wait_registered(group.namesrv, fork.addresses["broker"])
             asyncio.run(produce(group.namesrv, "fork", 150))
             assert fork.stop() == 0
         # ...while the real master takes others at the same offsets.
