@@ -64,9 +64,10 @@ async def until(cond: Callable[[], bool], what: str) -> None:
 
 async def kill_rounds(group: Group, role: str, rounds: int, *,
                       before_kill: Callable[[], Awaitable[None]] | None = None,
-                      restart_last: bool = True) -> list[Ack]:
+                      restart_last: bool = True, slave_has_acks: bool = False) -> list[Ack]:
     """Producers send all along; ``rounds`` times the master is SIGKILLed at a random moment
-    and started again (not after the last kill unless ``restart_last``)."""
+    and started again (not after the last kill unless ``restart_last``).  With
+    ``slave_has_acks`` every send acknowledged before a kill must be on the slave at once."""
     acked: list[Ack] = []
     stop = asyncio.Event()
     async with Producer("ha-kill", group.namesrv, retries=0) as producer:
@@ -80,6 +81,11 @@ async def kill_rounds(group: Group, role: str, rounds: int, *,
                 if before_kill is not None:
                     await before_kill()
                 await asyncio.to_thread(group.kill_master)
+                if slave_has_acks:  # checked now, before a restarted master streams again
+                    held = len(acked)
+                    slave_end = await log_end(group.slave_addr)
+                    missing = [a for a in acked[:held] if a.physical_offset >= slave_end]
+                    assert not missing, f"acknowledged but not on the slave: {missing[:3]}"
                 if n < rounds - 1 or restart_last:
                     await asyncio.to_thread(group.start_master, role, "--flush", "SYNC_FLUSH")
             if restart_last:
@@ -104,7 +110,7 @@ def test_sync_master_loses_no_acknowledged_message_through_kills(tmp_path: Path)
     with broker_group(tmp_path) as group:
         group.start_master("SYNC_MASTER", "--flush", "SYNC_FLUSH")
         group.start_slave()
-        acked = asyncio.run(kill_rounds(group, "SYNC_MASTER", ROUNDS))
+        acked = asyncio.run(kill_rounds(group, "SYNC_MASTER", ROUNDS, slave_has_acks=True))
         wait_caught_up(group)
         assert group.master is not None and group.slave is not None
         assert group.master.stop() == 0
