@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from evq import logs
+from evq.admin.commands import add_admin
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.domain.log import FlushMode
 
@@ -614,6 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(commands)
     _add_produce(commands)
     _add_consume(commands)
+    add_admin(commands)
     return parser
 
 

@@ -30,10 +30,11 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": os.environ.get("HOME", "/tmp")}
 
 
-def run_evq(*args: str, timeout: float = EXIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+def run_evq(*args: str, timeout: float = EXIT_TIMEOUT, stdin: str | None = None
+            ) -> subprocess.CompletedProcess[str]:
     """Run one ``evq`` command to its end, capturing both streams."""
     return subprocess.run([*EVQ, *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                          env=python_env(), timeout=timeout, check=False)
+                          env=python_env(), timeout=timeout, check=False, input=stdin)
 
 
 @attrs.define

@@ -163,9 +163,13 @@ def test_bench_net_json_has_every_figure(tmp_path: Path) -> None:
         assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
         assert math.isfinite(value) and value > 0, (key, value)
     assert out["send_p50_ms"] <= out["send_p99_ms"] <= out["send_max_ms"]
-    for phase in ("produce", "produce_batch", "produce_pipelined", "consume"):
-        broker_cpu = out[f"{phase}_broker_cpu_us_per_msg"]  # read from /proc where there is one
-        assert broker_cpu > 0 if Path("/proc/self/stat").exists() else broker_cpu is None
+    # Read from /proc where there is one, in clock ticks (10 ms): a short phase may cost 0.
+    costs = [out[f"{phase}_broker_cpu_us_per_msg"]
+             for phase in ("produce", "produce_batch", "produce_pipelined", "consume")]
+    if Path("/proc/self/stat").exists():
+        assert all(c >= 0 for c in costs) and sum(costs) > 0, costs
+    else:
+        assert costs == [None] * 4
     assert (out["backend"], out["messages"], out["size"], out["in_flight"]) == (
         "mmap", 300, 256, 16)
     assert out["consumed_messages"] == 3 * 300  # every produce phase read back

@@ -13,6 +13,11 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from evq.client.producer import Producer, SendResult
+from evq.client.transactions import (
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from evq.domain.message import Message
 from evq.net.transport import new_event_loop
 
@@ -42,8 +47,11 @@ class SyncProducer:
 
     def __init__(self, group: str, namesrv: str, **options: Any) -> None:
         self._thread = LoopThread()
-        self._producer = Producer(group, namesrv, **options)
+        self._producer = self._new(group, namesrv, **options)
         self._thread.run(self._producer.start())
+
+    def _new(self, group: str, namesrv: str, **options: Any) -> Producer:
+        return Producer(group, namesrv, **options)
 
     def send(self, msg: Message) -> SendResult:
         return self._thread.run(self._producer.send(msg))
@@ -66,3 +74,21 @@ class SyncProducer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+class SyncTransactionProducer(SyncProducer):
+    """:class:`TransactionProducer` for synchronous code; the listener's plain methods run in
+    worker threads, so they may block on a database."""
+
+    def __init__(self, group: str, namesrv: str, listener: TransactionListener,
+                 **options: Any) -> None:
+        self._listener = listener
+        super().__init__(group, namesrv, **options)
+
+    def _new(self, group: str, namesrv: str, **options: Any) -> TransactionProducer:
+        return TransactionProducer(group, namesrv, self._listener, **options)
+
+    def send_in_transaction(self, msg: Message, arg: object = None) -> TransactionSendResult:
+        producer = self._producer
+        assert isinstance(producer, TransactionProducer)
+        return self._thread.run(producer.send_in_transaction(msg, arg))

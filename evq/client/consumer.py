@@ -1,23 +1,28 @@
 """The push consumer: rebalanced queues, long-polling pulls, a listener called per message.
 
 One task per owned queue pulls (long polling, 15 s hold) into that queue's
-:class:`ProcessQueue`; each message is handed to the listener in its own task, at most
-``consume_concurrency`` at once; the queue's offset advances to the smallest message still in
-flight and is persisted every 5 s and at shutdown.  A listener answering RECONSUME_LATER (or
-raising) has the message sent back to the broker (CONSUMER_SEND_MSG_BACK), which redelivers it
-through ``%RETRY%<group>`` with ``reconsume_times`` + 1; a failed send-back keeps the message
-here and consumes it again after 5 s.  Broadcasting consumers do not retry (RocketMQ drops
-the failure) and keep their offsets in a local file.
+:class:`ProcessQueue`, unless the queue already holds more than the flow-control limits allow
+(:mod:`evq.client.flow_control`).  A concurrent listener gets each message in its own task, at
+most ``consume_concurrency`` at once, and ``consume_timeout_s`` to answer; the queue's offset
+advances to the smallest message still in flight and is persisted every 5 s and at shutdown.
+A listener answering RECONSUME_LATER (or raising, or timing out) has the message sent back to
+the broker (CONSUMER_SEND_MSG_BACK), which redelivers it through ``%RETRY%<group>`` with
+``reconsume_times`` + 1; a failed send-back keeps the message here and consumes it again after
+5 s.  Broadcasting consumers do not retry (RocketMQ drops the failure) and keep their offsets
+in a local file.  An :class:`~evq.client.orderly.Orderly` listener is run by
+:mod:`evq.client.orderly` instead: queue locks, one message at a time per queue.
 
-Members agree on who owns which queue by running :func:`evq.domain.rebalance.allocate` over
-the same sorted inputs: every 20 s, and whenever the broker sends NOTIFY_CONSUMER_IDS_CHANGED.
+Members agree on who owns which queue through :class:`~evq.client.group.GroupMember`: every
+20 s, whenever the broker sends NOTIFY_CONSUMER_IDS_CHANGED, and soon again after a round that
+could not settle.  An offset reset by an administrator reaches the consumer as PULL_OFFSET_MOVED
+on its next pull, or at once as RESET_CONSUMER_CLIENT_OFFSET: the queue's cached messages are
+dropped and pulling starts over from the new offset.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import json
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Final
@@ -26,9 +31,26 @@ import attrs
 import structlog
 
 from evq.client.broker_choice import MASTER_ID, BrokerChoice
-from evq.client.errors import ClientError, NotStarted, RouteNotFound
+from evq.client.errors import ClientError, NotStarted
+from evq.client.flow_control import HOLD_S, FlowLimits, Holds
+from evq.client.group import (
+    ConsumeFrom,
+    ConsumeType,
+    GroupMember,
+    MessageModel,
+    rebalance_forever,
+    run_every,
+    settle,
+)
 from evq.client.identity import new_client_id
-from evq.client.offsets import LocalOffsets, OffsetStore, RemoteOffsets, max_offset
+from evq.client.offsets import (
+    LocalOffsets,
+    OffsetStore,
+    RemoteOffsets,
+    max_offset,
+    reset_notice,
+)
+from evq.client.orderly import LOCK_RENEW_S, SUSPEND_S, Orderly, OrderlyConsumption
 from evq.client.process_queue import ProcessQueue
 from evq.client.pulling import (
     LONG_POLL_TIMEOUT_S,
@@ -42,11 +64,12 @@ from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
-from evq.domain.rebalance import AllocateStrategy, AllocationError, allocate
-from evq.domain.record import offset_msg_id
+from evq.domain.rebalance import AllocateStrategy
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Dispatcher, TransportError
+
+__all__ = ["ConsumeFrom", "ConsumeResult", "ConsumerOptions", "MessageModel", "PushConsumer"]
 
 log = structlog.get_logger(__name__)
 
@@ -56,21 +79,7 @@ PERSIST_S: Final = 5.0
 RETRY_LOCALLY_S: Final = 5.0
 SHUTDOWN_GRACE_S: Final = 10.0
 PULL_ERROR_BACKOFF_S: Final = 3.0
-FLOW_CONTROL_BACKOFF_S: Final = 0.05
-MAX_CACHED_MESSAGES: Final = 1000
-MAX_CACHED_BYTES: Final = 100 * 1024 * 1024
-
-
-class MessageModel(enum.Enum):
-    CLUSTERING = "CLUSTERING"
-    BROADCASTING = "BROADCASTING"
-
-
-class ConsumeFrom(enum.Enum):
-    """Where a queue with no stored offset starts."""
-
-    LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
-    FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+CONSUME_TIMEOUT_S: Final = 15 * 60.0
 
 
 class ConsumeResult(enum.Enum):
@@ -95,6 +104,14 @@ class ConsumerOptions:
     """Delay level of a sent-back message; 0 lets the broker choose (3 + reconsume times)."""
     strategy: AllocateStrategy | str = "AVG"
     consume_from: ConsumeFrom = ConsumeFrom.LAST_OFFSET
+    pull_batch_size: int = 32
+    flow_limits: FlowLimits = attrs.Factory(FlowLimits)
+    consume_timeout_s: float = CONSUME_TIMEOUT_S
+    """How long a concurrent listener call may run before it is cancelled and its messages
+    sent back (Java's ``consumeTimeout``, 15 minutes)."""
+    suspend_s: float = SUSPEND_S
+    """Pause before an orderly queue offers a suspended message again."""
+    lock_renew_s: float = LOCK_RENEW_S
 
 
 @attrs.define(slots=True)
@@ -106,7 +123,7 @@ class _Owned:
 class PushConsumer:
     def __init__(self, group: str, namesrv: str, *,
                  model: MessageModel = MessageModel.CLUSTERING,
-                 listener: Listener | None = None,
+                 listener: Listener | Orderly | None = None,
                  options: ConsumerOptions | None = None,
                  client_id: str | None = None,
                  offsets_file: Path | None = None,
@@ -126,10 +143,13 @@ class PushConsumer:
         self._closing = False
         self._rebalance_now = asyncio.Event()
         self._slots = asyncio.Semaphore(self.options.consume_concurrency)
+        self._holds = Holds()
         self._routes: Routes | None = None
         self._brokers = BrokerChoice(clock)
         self._pool: BrokerPool | None = None
+        self._member: GroupMember | None = None
         self._offsets: OffsetStore | None = None
+        self._orderly: OrderlyConsumption | None = None
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -137,7 +157,8 @@ class PushConsumer:
         self._subs[topic] = Subscription(topic, expression, expression_type,
                                          self._clock.now_ms())
 
-    def register_listener(self, listener: Listener) -> None:
+    def register_listener(self, listener: Listener | Orderly) -> None:
+        """A concurrent listener, or one wrapped in :class:`~evq.client.orderly.Orderly`."""
         self._listener = listener
 
     @property
@@ -145,36 +166,56 @@ class PushConsumer:
         """The queues this member consumes now (retry queues included)."""
         return set(self._owned)
 
+    def process_queue(self, queue: MessageQueue) -> ProcessQueue | None:
+        """What ``queue`` holds between pull and acknowledgement (None when not owned)."""
+        owned = self._owned.get(queue)
+        return owned.pq if owned else None
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Join the group and take this member's queues; returns once they are taken, or after
+        a few quick retries when the group cannot be balanced yet (the background keeps
+        retrying)."""
         if self._listener is None or not self._subs:
             raise ClientError("subscribe to a topic and register a listener before start()")
         if self.model is MessageModel.CLUSTERING:
             self._subs.setdefault(tp.retry_topic(self.group),
                                   Subscription(tp.retry_topic(self.group)))
-        dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified})
-        self._routes = Routes(self._namesrv, self._clock)
-        self._pool = BrokerPool(dispatcher, self._clock)
-        routes = self._routes
-        self._offsets = (RemoteOffsets(self.group, self._pool, lambda name: self._brokers
+        dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified,
+                                 RequestCode.RESET_CONSUMER_CLIENT_OFFSET: self._reset_notified})
+        o = self.options
+        self._routes = routes = Routes(self._namesrv, self._clock)
+        self._pool = pool = BrokerPool(dispatcher, self._clock)
+        self._member = member = GroupMember(
+            self.group, self.client_id, routes, pool, subscriptions=self._subs,
+            consume_type=ConsumeType.PASSIVELY, model=self.model, consume_from=o.consume_from,
+            strategy=o.strategy, brokers=self._brokers)
+        self._offsets = (RemoteOffsets(self.group, pool, lambda name: self._brokers
                                        .offset_target(routes.group_addresses(name)))
                          if self.model is MessageModel.CLUSTERING
                          else LocalOffsets(self._offsets_file))
-        await self._refresh_routes()
-        await self.heartbeat()
-        await self.rebalance()
-        o = self.options
+        if isinstance(self._listener, Orderly):
+            self._orderly = OrderlyConsumption(
+                member, self._listener, self._offsets, self._clock, suspend_s=o.suspend_s,
+                max_reconsume_times=o.max_reconsume_times)
         self._closing = False
-        for loop in (self._every(o.heartbeat_s, self.heartbeat),
-                     self._every(o.persist_s, self.persist),
-                     self._every(o.route_refresh_s, self._refresh_routes),
-                     self._rebalance_loop()):
+        await self._refresh_routes()
+        await member.heartbeat()
+        settled = await settle(self.rebalance)
+        loops = [run_every(o.heartbeat_s, self.heartbeat),
+                 run_every(o.persist_s, self.persist),
+                 run_every(o.route_refresh_s, self._refresh_routes),
+                 rebalance_forever(self.rebalance, self._rebalance_now, o.rebalance_s,
+                                   settled=settled)]
+        if self._orderly is not None and self._orderly.locking:
+            loops.append(run_every(o.lock_renew_s, self._renew_locks))
+        for loop in loops:
             self._spawn(self._loops, loop)
 
     async def shutdown(self) -> None:
-        """Stop pulling, let running listeners finish, persist offsets, leave the group."""
-        if self._routes is None or self._pool is None:
+        """Stop pulling, let running listeners finish, persist offsets, unlock, leave."""
+        if self._routes is None or self._pool is None or self._member is None:
             return
         self._closing = True
         for task in self._loops:
@@ -183,19 +224,17 @@ class PushConsumer:
             o.task.cancel()
         if self._consuming:  # listeners already running finish and commit
             await asyncio.wait(self._consuming, timeout=SHUTDOWN_GRACE_S)
+        if self._orderly is not None:
+            await self._orderly.close()
         await self.persist()
         for o in self._owned.values():
             o.pq.dropped = True
-        for addr in self._routes.masters():
-            try:
-                await self._pool.invoke(addr, RemotingCommand.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"clientID": self.client_id, "consumerGroup": self.group}))
-            except TransportError as exc:
-                log.warning("unregister failed", addr=addr, error=str(exc))
+        if self._orderly is not None:
+            await self._orderly.unlock(list(self._owned))
+        await self._member.unregister()
         await self._pool.close()
         await self._routes.close()
-        self._routes = self._pool = self._offsets = None
+        self._routes = self._pool = self._member = self._offsets = self._orderly = None
         self._owned.clear()
 
     async def __aenter__(self) -> PushConsumer:
@@ -208,69 +247,40 @@ class PushConsumer:
     # -- periodic work --------------------------------------------------------------------------
 
     async def heartbeat(self) -> None:
-        routes, pool, _ = self._started()
-        body = json.dumps({
-            "clientID": self.client_id,
-            "consumerDataSet": [{
-                "groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
-                "messageModel": self.model.value,
-                "consumeFromWhere": self.options.consume_from.value, "unitMode": False,
-                "subscriptionDataSet": [{
-                    "topic": s.topic, "subString": s.expression, "expressionType":
-                    s.expression_type, "subVersion": s.version, "tagsSet": sorted(s.tags() or ()),
-                    "codeSet": [], "classFilterMode": False} for s in self._subs.values()],
-            }],
-            "producerDataSet": [],
-        }).encode()
-        for addr in routes.all_addresses():  # slaves too: a pull may go there (seed 000)
-            try:
-                await pool.call(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
-                                "heartbeat")
-            except (ClientError, TransportError) as exc:
-                log.warning("heartbeat failed", addr=addr, error=str(exc))
+        await self._started()[2].heartbeat()
 
     async def persist(self) -> None:
-        _, _, offsets = self._started()
-        await offsets.persist(list(self._owned))
+        await self._started()[3].persist(list(self._owned))
 
-    async def rebalance(self) -> None:
-        """Take the queues this member should own now, release the others."""
-        routes, _, _ = self._started()
+    async def rebalance(self) -> bool:
+        """Take the queues this member should own now, release the others.  False when some
+        topic could not be balanced (no route, not listed yet, a queue still locked by its
+        previous owner): the caller tries again soon."""
+        member = self._started()[2]
+        settled = True
         for topic in list(self._subs):
-            try:
-                route = await routes.route(topic)
-            except RouteNotFound:
-                continue  # a retry topic before the broker registered it
-            except (ClientError, TransportError) as exc:
-                log.warning("rebalance: no route", topic=topic, error=str(exc))
+            mine = await member.assignment(topic)
+            if mine is None:
+                settled = False
                 continue
-            queues = route.subscribe_queues()
-            mine = set(queues)
-            if self.model is MessageModel.CLUSTERING and queues:
-                try:
-                    ids = await self._member_ids(self._brokers.offset_target(
-                        routes.group_addresses(queues[0].broker_name)))
-                    mine = set(allocate(self.options.strategy, self.group, self.client_id,
-                                        queues, ids))
-                except (AllocationError, ClientError, TransportError) as exc:
-                    log.warning("rebalance skipped", topic=topic, error=str(exc))
-                    continue
             for q in [q for q in self._owned if q.topic == topic and q not in mine]:
                 await self._release(q)
             for q in sorted(mine - set(self._owned)):
-                await self._take(q)
+                settled = await self._take(q) and settled
+        return settled
 
-    async def _member_ids(self, addr: str | None) -> list[str]:
-        _, pool, _ = self._started()
-        if addr is None:
-            raise ClientError("no broker to ask for the group's members")
-        answer = await pool.call(addr, RemotingCommand.request(
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
-            "consumer list")
-        return [str(i) for i in json.loads(answer.body)["consumerIdList"]]
+    async def _renew_locks(self) -> None:
+        if self._orderly is not None:
+            await self._orderly.lock({q: o.pq for q, o in self._owned.items()})
 
-    async def _take(self, queue: MessageQueue) -> None:
-        routes, pool, offsets = self._started()
+    async def _take(self, queue: MessageQueue) -> bool:
+        routes, pool, _, offsets = self._started()
+        pq = ProcessQueue(0)
+        # An orderly queue is locked before its offset is read: the previous owner commits
+        # before it unlocks, so the offset read now is where it stopped.
+        if self._orderly is not None and queue not in await self._orderly.lock({queue: pq}):
+            log.info("queue not taken: locked by another member", queue=queue)
+            return False
         try:
             start = await offsets.read(queue)
             if start < 0:
@@ -282,30 +292,57 @@ class PushConsumer:
                     start = await max_offset(pool, addr, queue)
         except (ClientError, TransportError) as exc:
             log.warning("queue not taken: no start offset", queue=queue, error=str(exc))
-            return
-        pq = ProcessQueue(start)
+            if self._orderly is not None:
+                await self._orderly.unlock([queue])
+            return False
         offsets.update(queue, start, increase_only=False)
-        task = asyncio.get_running_loop().create_task(self._pull_loop(queue, pq, start))
-        self._owned[queue] = _Owned(pq, task)
+        self._pull(queue, pq.restarted(start))
         log.info("queue taken", group=self.group, queue=queue, offset=start)
+        return True
+
+    def _pull(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        task = asyncio.get_running_loop().create_task(self._pull_loop(queue, pq))
+        self._owned[queue] = _Owned(pq, task)
 
     async def _release(self, queue: MessageQueue) -> None:
-        _, _, offsets = self._started()
+        offsets = self._started()[3]
         owned = self._owned.pop(queue)
-        owned.pq.dropped = True
         owned.task.cancel()
+        if self._orderly is not None:  # the message in hand is finished and committed
+            await self._orderly.stop(queue)
+        owned.pq.dropped = True
         await offsets.persist([queue])
         offsets.remove(queue)
+        if self._orderly is not None:
+            await self._orderly.unlock([queue])
         log.info("queue released", group=self.group, queue=queue)
+
+    async def _reset(self, queue: MessageQueue, offset: int) -> None:
+        """Drop what ``queue`` holds and pull again from ``offset``, which is persisted first
+        so that no later commit of the old position overwrites it."""
+        offsets = self._started()[3]
+        owned = self._owned.get(queue)
+        if owned is None:
+            return
+        owned.pq.dropped = True
+        if owned.task is not asyncio.current_task():
+            owned.task.cancel()
+        if self._orderly is not None:
+            await self._orderly.stop(queue)
+        offsets.update(queue, offset, increase_only=False)
+        await offsets.persist([queue])
+        if self._owned.get(queue) is owned:
+            self._pull(queue, owned.pq.restarted(offset))
+            log.info("queue offset reset", group=self.group, queue=queue, offset=offset)
 
     # -- pulling and consuming ------------------------------------------------------------------
 
-    async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue, offset: int) -> None:
-        routes, pool, offsets = self._started()
+    async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        routes, pool, _, offsets = self._started()
         sub = self._subs[queue.topic]
+        offset = pq.commit_offset()
         while not pq.dropped:
-            if pq.count > MAX_CACHED_MESSAGES or pq.size > MAX_CACHED_BYTES:
-                await asyncio.sleep(FLOW_CONTROL_BACKOFF_S)
+            if await self._held_back(queue, pq):
                 continue
             committed = offsets.get(queue) if self.model is MessageModel.CLUSTERING else None
             target = self._brokers.pull_target(queue, routes.group_addresses(queue.broker_name))
@@ -316,8 +353,8 @@ class PushConsumer:
                 if broker_id != MASTER_ID:  # a slave takes no commit (seed 000)
                     committed = None
                 answer = await pool.invoke(addr, pull_request(
-                    self.group, queue, offset, sub, commit_offset=committed or -1),
-                    LONG_POLL_TIMEOUT_S)
+                    self.group, queue, offset, sub, max_nums=self.options.pull_batch_size,
+                    commit_offset=committed or -1), LONG_POLL_TIMEOUT_S)
                 result = parse_pull(answer, sub)
             except (ClientError, TransportError) as exc:
                 if isinstance(exc, TransportError) and target is not None:
@@ -331,21 +368,45 @@ class PushConsumer:
             offset = result.next_begin_offset
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("offset moved", queue=queue, offset=offset)
-                offsets.update(queue, offset, increase_only=False)
-                continue
+                await self._reset(queue, offset)
+                return
             pq.put(result.messages, offset)
-            for m in result.messages:
-                self._spawn(self._consuming, self._consume(queue, pq, [m]))
+            if self._orderly is not None:
+                self._orderly.wake(queue, pq)
+            else:
+                for m in result.messages:
+                    self._spawn(self._consuming, self._consume(queue, pq, [m]))
             if pq.count == 0:  # nothing matched and nothing in flight: move past it
                 offsets.update(queue, pq.commit_offset())
 
+    async def _held_back(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        """Wait a little instead of pulling when ``pq`` is over a flow-control limit, or is an
+        orderly queue this member does not hold the lock of."""
+        if self._orderly is not None and not self._orderly.may_consume(pq):
+            await asyncio.sleep(PULL_ERROR_BACKOFF_S)
+            return True
+        exceeded = self.options.flow_limits.exceeded(pq, orderly=self._orderly is not None)
+        if exceeded is None:
+            return False
+        if self._holds.hit():
+            log.warning("flow control: pull held back", group=self.group, queue=queue,
+                        limit=exceeded.value, count=pq.count, size=pq.size, span=pq.span,
+                        holds=self._holds.count)
+        await asyncio.sleep(HOLD_S)
+        return True
+
     async def _consume(self, queue: MessageQueue, pq: ProcessQueue, msgs: list[Message]) -> None:
-        assert self._listener is not None
+        assert self._listener is not None and not isinstance(self._listener, Orderly)
         async with self._slots:
             if pq.dropped or self._closing:
                 return
             try:
-                result = await self._listener(msgs)
+                async with asyncio.timeout(self.options.consume_timeout_s):
+                    result = await self._listener(msgs)
+            except TimeoutError:
+                log.warning("listener timed out; messages sent back", group=self.group,
+                            queue=queue, timeout_s=self.options.consume_timeout_s)
+                result = ConsumeResult.RECONSUME_LATER
             except Exception:
                 log.exception("listener failed", group=self.group, queue=queue)
                 result = ConsumeResult.RECONSUME_LATER
@@ -363,39 +424,23 @@ class PushConsumer:
                 self._offsets.update(queue, committed)
 
     async def _send_back(self, queue: MessageQueue, msg: Message) -> bool:
-        routes, pool, _ = self._started()
-        addr = routes.master(queue.broker_name)
-        if addr is None:
-            return False
-        try:
-            await pool.call(addr, RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, {
-                "offset": msg.commit_log_offset, "group": self.group,
-                "delayLevel": self.options.retry_delay_level,
-                "originMsgId": offset_msg_id(msg.store_host, msg.commit_log_offset),
-                "originTopic": msg.topic, "unitMode": False,
-                "maxReconsumeTimes": self.options.max_reconsume_times}), "send back")
-        except (ClientError, TransportError) as exc:
-            log.warning("send back failed; consuming again here", error=str(exc))
-            return False
-        return True
+        return await self._started()[2].send_back(
+            queue, msg, delay_level=self.options.retry_delay_level,
+            max_reconsume_times=self.options.max_reconsume_times)
 
     # -- plumbing ---------------------------------------------------------------------------
 
     async def _notified(self, conn: Connection, cmd: RemotingCommand) -> None:
         self._rebalance_now.set()
 
-    async def _rebalance_loop(self) -> None:
-        while True:
-            try:
-                async with asyncio.timeout(self.options.rebalance_s):
-                    await self._rebalance_now.wait()
-            except TimeoutError:
-                pass
-            self._rebalance_now.clear()
-            await self._guarded(self.rebalance)
+    async def _reset_notified(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: an administrator moved this group's offsets."""
+        for queue, offset in reset_notice(cmd, self.group).items():
+            if queue in self._owned:
+                await self._reset(queue, offset)
 
     async def _refresh_routes(self) -> None:
-        routes, _, _ = self._started()
+        routes = self._started()[0]
         for topic in self._subs:
             routes.forget(topic)
             try:
@@ -403,25 +448,14 @@ class PushConsumer:
             except (ClientError, TransportError) as exc:
                 log.info("no route yet", topic=topic, error=str(exc))
 
-    async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            await self._guarded(work)
-
-    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await work()
-        except (ClientError, TransportError) as exc:
-            log.warning("periodic work failed", work=getattr(work, "__name__", "?"),
-                        error=str(exc))
-
     @staticmethod
     def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    def _started(self) -> tuple[Routes, BrokerPool, OffsetStore]:
-        if self._routes is None or self._pool is None or self._offsets is None:
+    def _started(self) -> tuple[Routes, BrokerPool, GroupMember, OffsetStore]:
+        if (self._routes is None or self._pool is None or self._member is None
+                or self._offsets is None):
             raise NotStarted(f"push consumer {self.group!r} is not started")
-        return self._routes, self._pool, self._offsets
+        return self._routes, self._pool, self._member, self._offsets

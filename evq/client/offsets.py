@@ -22,8 +22,9 @@ from evq.client.errors import BrokerRefused, ClientError
 from evq.client.routes import BrokerPool
 from evq.domain.codes import ResponseCode
 from evq.domain.queues import MessageQueue
+from evq.net import fastjson
 from evq.net.codes import RequestCode
-from evq.net.protocol import RemotingCommand
+from evq.net.protocol import HeaderFieldError, RemotingCommand
 from evq.net.transport import TransportError
 
 log = structlog.get_logger(__name__)
@@ -137,9 +138,51 @@ class LocalOffsets(OffsetTable):
         os.replace(tmp, self.path)
 
 
+async def _queue_offset(pool: BrokerPool, addr: str, code: RequestCode, queue: MessageQueue,
+                        what: str, **fields: object) -> int:
+    answer = await pool.call(addr, RemotingCommand.request(
+        code, {"topic": queue.topic, "queueId": queue.queue_id, **fields}), what)
+    return answer.get_long("offset")
+
+
 async def max_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
     """GET_MAX_OFFSET: where a consumer starting "from the last offset" begins."""
-    answer = await pool.call(addr, RemotingCommand.request(
-        RequestCode.GET_MAX_OFFSET, {"topic": queue.topic, "queueId": queue.queue_id}),
-        "get max offset")
-    return answer.get_long("offset")
+    return await _queue_offset(pool, addr, RequestCode.GET_MAX_OFFSET, queue, "get max offset")
+
+
+async def min_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
+    """GET_MIN_OFFSET: the oldest message the queue still holds."""
+    return await _queue_offset(pool, addr, RequestCode.GET_MIN_OFFSET, queue, "get min offset")
+
+
+async def offset_for_time(pool: BrokerPool, addr: str, queue: MessageQueue,
+                          timestamp_ms: int) -> int:
+    """SEARCH_OFFSET_BY_TIMESTAMP: the first message stored at or after ``timestamp_ms``."""
+    return await _queue_offset(pool, addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, queue,
+                               "search offset by time", timestamp=timestamp_ms)
+
+
+def reset_offsets(body: bytes) -> dict[MessageQueue, int]:
+    """The offsets of a ResetOffsetBody (RESET_CONSUMER_CLIENT_OFFSET, or the answer to
+    INVOKE_BROKER_TO_RESET_OFFSET), in either form a broker writes: fastjson's map keyed by
+    inline queue objects, or the array it sends C++ clients."""
+    try:
+        table = fastjson.loads(body.decode())["offsetTable"]
+        if isinstance(table, list):
+            return {MessageQueue(str(e["topic"]), str(e["brokerName"]), int(e["queueId"])):
+                    int(e["offset"]) for e in table}
+        return {q: int(o) for q, o in table.items() if isinstance(q, MessageQueue)}
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ClientError(f"unreadable offset reset: {exc!r}") from None
+
+
+def reset_notice(cmd: RemotingCommand, group: str) -> dict[MessageQueue, int]:
+    """The offsets a RESET_CONSUMER_CLIENT_OFFSET sets for ``group``; nothing when it is for
+    another group or unreadable (logged: a broker's oneway notice cannot be answered)."""
+    try:
+        if cmd.get_str("group") != group:
+            return {}
+        return reset_offsets(cmd.body)
+    except (ClientError, HeaderFieldError) as exc:
+        log.warning("offset reset ignored", group=group, error=str(exc))
+        return {}

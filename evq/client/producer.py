@@ -8,6 +8,10 @@ retried elsewhere, since another queue would break the order.
 
 Messages are built with :func:`evq.domain.message.new_message` (tags, keys, properties,
 compression over 4 KiB); :func:`delayed` and :func:`deliver_at` add the scheduling properties.
+
+A producer heart-beats its group to every master it knows (at start, every 30 s, and before
+its first send to a broker): a broker asks only a producer it has heard from about a
+transaction it cannot decide (:mod:`evq.client.transactions`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
-from collections.abc import Sequence
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -23,6 +28,7 @@ import structlog
 
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
+from evq.client.identity import new_client_id
 from evq.client.routes import REFRESH_S, BrokerPool, Routes
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
@@ -35,11 +41,12 @@ from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
-from evq.net.transport import TransportError
+from evq.net.transport import Dispatcher, Handler, TransportError
 
 log = structlog.get_logger(__name__)
 
 SEND_TIMEOUT_S: Final = 3.0
+HEARTBEAT_S: Final = 30.0
 RETRYABLE: Final = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE,
                               ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                               ResponseCode.NO_PERMISSION})
@@ -94,8 +101,11 @@ class Producer:
 
     def __init__(self, group: str, namesrv: str, *, retries: int = 2,
                  send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
+                 heartbeat_s: float = HEARTBEAT_S, client_id: str | None = None,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.group = group
+        self.client_id = client_id or new_client_id()
+        self.heartbeat_s = heartbeat_s
         self.route_refresh_s = route_refresh_s
         self.retries = retries
         self.send_timeout = send_timeout
@@ -105,18 +115,28 @@ class Producer:
         self._counter = itertools.count()
         self._routes: Routes | None = None
         self._pool: BrokerPool | None = None
-        self._refresher: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._greeted: set[str] = set()
+
+    def handlers(self) -> Mapping[int, Handler]:
+        """Requests brokers send this producer; :class:`TransactionProducer` answers
+        CHECK_TRANSACTION_STATE."""
+        return {}
 
     async def start(self) -> None:
         self._routes = Routes(self._namesrv, self._clock)
-        self._pool = BrokerPool(clock=self._clock)
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_every())
+        self._pool = BrokerPool(Dispatcher(self.handlers()), self._clock)
+        await self._greet_brokers()
+        loop = asyncio.get_running_loop()
+        self._loops = [loop.create_task(self._every(self.route_refresh_s, self.refresh_routes)),
+                       loop.create_task(self._every(self.heartbeat_s, self.heartbeat))]
 
     async def shutdown(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            self._refresher = None
+        for task in self._loops:
+            task.cancel()
+        self._loops = []
         if self._routes is not None and self._pool is not None:
+            await self._unregister()
             await self._pool.close()
             await self._routes.close()
         self._routes = self._pool = None
@@ -136,10 +156,54 @@ class Producer:
         """Re-read every route in use (done every ``route_refresh_s`` after start)."""
         await self._started()[0].refresh()
 
-    async def _refresh_every(self) -> None:
+    async def heartbeat(self) -> None:
+        """Tell every known master this producer of ``group`` is alive (a failure is logged:
+        the next round or the next send tries again)."""
+        routes, _ = self._started()
+        for addr in routes.masters():
+            try:
+                await self._heartbeat_to(addr)
+            except (BrokerRefused, TransportError) as exc:
+                log.warning("heartbeat failed", addr=addr, error=str(exc))
+
+    async def _greet_brokers(self) -> None:
+        """Heart-beat every broker before the first send, as Java's producer does through the
+        route of ``TBW102``: a producer that took over a dead member's group must be known to
+        the brokers holding that member's halves before it sends anything itself."""
+        routes, _ = self._started()
+        try:
+            await routes.route(tp.AUTO_CREATE_TOPIC)
+        except (ClientError, TransportError) as exc:  # auto-creation off, or no name server yet
+            log.info("no broker known at start", error=str(exc))
+        await self.heartbeat()
+
+    async def _heartbeat_to(self, addr: str) -> None:
+        _, pool = self._started()
+        body = json.dumps({"clientID": self.client_id, "consumerDataSet": [],
+                           "producerDataSet": [{"groupName": self.group}]}).encode()
+        await pool.call(addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=body),
+                        "heartbeat")
+        self._greeted.add(addr)
+
+    async def _unregister(self) -> None:
+        _, pool = self._started()
+        for addr in sorted(self._greeted):
+            try:
+                await pool.invoke(addr, RemotingCommand.request(
+                    RequestCode.UNREGISTER_CLIENT,
+                    {"clientID": self.client_id, "producerGroup": self.group}))
+            except TransportError as exc:
+                log.warning("unregister failed", addr=addr, error=str(exc))
+        self._greeted.clear()
+
+    @staticmethod
+    async def _every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
-            await asyncio.sleep(self.route_refresh_s)
-            await self.refresh_routes()
+            await asyncio.sleep(seconds)
+            try:
+                await work()
+            except (ClientError, TransportError) as exc:
+                log.warning("periodic work failed", work=work.__name__, error=str(exc))
 
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         routes, _ = self._started()
@@ -206,6 +270,8 @@ class Producer:
         routes, pool = self._started()
         route = await routes.route(queue.topic, fallback=True)
         addr = self._master(route.master(queue.broker_name), queue)
+        if addr not in self._greeted:
+            await self._heartbeat_to(addr)
         cmd = self._request(queue, msgs, batch=batch)
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         started = self._clock.monotonic()
@@ -241,8 +307,9 @@ class Producer:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
         fields: dict[str, object] = {
             "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": 4,
-            "e": queue.queue_id, "f": sysflag & sf.COMPRESSED, "g": first.born_timestamp,
-            "h": first.flag, "i": props, "j": first.reconsume_times, "k": False,
+            "e": queue.queue_id, "f": sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK),
+            "g": first.born_timestamp, "h": first.flag, "i": props,
+            "j": first.reconsume_times, "k": False,
         }
         if batch:
             fields["m"] = True

@@ -1,42 +1,137 @@
-"""The pull consumer: the application chooses queues and offsets and asks for messages.
+"""The pull consumer: the application asks for messages when it wants them.
 
-Offsets it commits go to the broker like a clustering group's (:class:`RemoteOffsets`), so a
-push consumer of the same group, or a later pull consumer, continues from them.
+Its queues come either from :meth:`PullConsumer.assign` (the application chooses) or from
+:meth:`PullConsumer.subscribe`, which makes it a member of its group that the brokers list and
+notify, splitting each topic with the other members exactly as push consumers do (the same
+:class:`~evq.client.group.GroupMember`).  Each assigned queue has a position, the offset its
+next :meth:`~PullConsumer.poll` reads from; positions are committed to the broker like a
+clustering group's offsets (:class:`RemoteOffsets`), every 5 s and at shutdown with
+``auto_commit``, or when the application calls :meth:`~PullConsumer.commit`.
+
+An administrator's reset-by-time reaches a running pull consumer twice over: a subscribed one
+is sent RESET_CONSUMER_CLIENT_OFFSET and seeks at once, and any poll at the old position is
+answered PULL_OFFSET_MOVED, which moves the position to the reset offset.  A poll that was
+already in flight when its queue was sought does not move the position back afterwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Final
+
+import structlog
 
 from evq.client.errors import ClientError, NotStarted
-from evq.client.offsets import RemoteOffsets, max_offset
-from evq.client.pulling import PullResult, Subscription, parse_pull, pull_request
-from evq.client.routes import BrokerPool, Routes
+from evq.client.group import (
+    ConsumeFrom,
+    ConsumeType,
+    GroupMember,
+    MessageModel,
+    rebalance_forever,
+    run_every,
+    settle,
+)
+from evq.client.identity import new_client_id
+from evq.client.offsets import (
+    RemoteOffsets,
+    max_offset,
+    min_offset,
+    offset_for_time,
+    reset_notice,
+)
+from evq.client.pulling import PullResult, PullStatus, Subscription, parse_pull, pull_request
+from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
 from evq.domain.clock import SYSTEM_CLOCK, Clock
+from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
+from evq.domain.rebalance import AllocateStrategy
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Dispatcher, TransportError
+
+log = structlog.get_logger(__name__)
+
+AUTO_COMMIT_S: Final = 5.0
+HEARTBEAT_S: Final = 30.0
+REBALANCE_S: Final = 20.0
+PULL_TIMEOUT_MARGIN_S: Final = 3.0
 
 
 class PullConsumer:
-    def __init__(self, group: str, namesrv: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, group: str, namesrv: str, *, auto_commit: bool = True,
+                 auto_commit_s: float = AUTO_COMMIT_S, rebalance_s: float = REBALANCE_S,
+                 heartbeat_s: float = HEARTBEAT_S, strategy: AllocateStrategy | str = "AVG",
+                 client_id: str | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.group = group
+        self.client_id = client_id or new_client_id()
+        self.auto_commit = auto_commit
         self._namesrv = namesrv
+        self._auto_commit_s = auto_commit_s
+        self._rebalance_s = rebalance_s
+        self._heartbeat_s = heartbeat_s
+        self._strategy = strategy
         self._clock = clock
+        self._subs: dict[str, Subscription] = {}
         self._assigned: dict[MessageQueue, int] = {}
+        self._seeks: dict[MessageQueue, int] = {}
+        """How often each queue was sought: a poll started before a seek keeps its hands off
+        the position."""
+        self._rebalance_now = asyncio.Event()
+        self._loops: set[asyncio.Task[None]] = set()
         self._routes: Routes | None = None
         self._pool: BrokerPool | None = None
+        self._member: GroupMember | None = None
         self._offsets: RemoteOffsets | None = None
 
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic`` with the rest of the group (before :meth:`start`)."""
+        if self._routes is not None:
+            raise ClientError("subscribe before start()")
+        self._subs[topic] = Subscription(topic, expression, "TAG", self._clock.now_ms())
+
     async def start(self) -> None:
-        self._routes = Routes(self._namesrv, self._clock)
-        self._pool = BrokerPool(clock=self._clock)
-        self._offsets = RemoteOffsets(self.group, self._pool, self._routes.master)
+        dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified,
+                                 RequestCode.RESET_CONSUMER_CLIENT_OFFSET: self._reset_notified})
+        self._routes = routes = Routes(self._namesrv, self._clock)
+        self._pool = pool = BrokerPool(dispatcher, self._clock)
+        self._offsets = RemoteOffsets(self.group, pool, routes.master)
+        self._member = member = GroupMember(
+            self.group, self.client_id, routes, pool, subscriptions=self._subs,
+            consume_type=ConsumeType.ACTIVELY, model=MessageModel.CLUSTERING,
+            consume_from=ConsumeFrom.LAST_OFFSET, strategy=self._strategy)
+        loops: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        if self.auto_commit:
+            loops.append((self._auto_commit_s, self.commit))
+        if self._subs:
+            for topic in self._subs:
+                try:
+                    await routes.route(topic)
+                except (ClientError, TransportError) as exc:
+                    log.info("no route yet", topic=topic, error=str(exc))
+            await member.heartbeat()
+            settled = await settle(self.rebalance)
+            loops += [(self._heartbeat_s, member.heartbeat), (REFRESH_S, routes.refresh)]
+            self._spawn(rebalance_forever(self.rebalance, self._rebalance_now,
+                                          self._rebalance_s, settled=settled))
+        for seconds, work in loops:
+            self._spawn(run_every(seconds, work))
 
     async def shutdown(self) -> None:
-        if self._routes is not None and self._pool is not None:
+        """Stop rebalancing, commit the positions (with ``auto_commit``) and leave."""
+        if self._routes is None or self._pool is None or self._member is None:
+            return
+        for task in self._loops:
+            task.cancel()
+        if self.auto_commit:
             await self.commit()
-            await self._pool.close()
-            await self._routes.close()
-        self._routes = self._pool = self._offsets = None
+        if self._subs:
+            await self._member.unregister()
+        await self._pool.close()
+        await self._routes.close()
+        self._routes = self._pool = self._member = self._offsets = None
 
     async def __aenter__(self) -> PullConsumer:
         await self.start()
@@ -45,74 +140,172 @@ class PullConsumer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
+    # -- queues ---------------------------------------------------------------------------------
+
     async def queues(self, topic: str) -> list[MessageQueue]:
         """Every readable queue of ``topic``."""
-        routes, _, _ = self._started()
-        return (await routes.route(topic)).subscribe_queues()
+        return (await self._route_of(topic)).subscribe_queues()
 
     async def assign(self, queues: Iterable[MessageQueue]) -> None:
         """Consume these queues from the group's committed offsets (0 when none)."""
-        _, _, offsets = self._started()
+        if self._subs:
+            raise ClientError("a subscribed pull consumer gets its queues from rebalance")
         self._assigned = {}
         for q in queues:
-            await self._addr(q)
-            stored = await offsets.read(q)
-            self._assigned[q] = max(stored, 0)
+            self._assigned[q] = await self._start_offset(q)
+
+    async def rebalance(self) -> bool:
+        """Take the queues of the subscribed topics this member should own now; False when
+        some topic could not be balanced yet."""
+        member = self._started()[2]
+        settled = True
+        for topic in list(self._subs):
+            mine = await member.assignment(topic)
+            if mine is None:
+                settled = False
+                continue
+            gone = {q: o for q, o in self._assigned.items() if q.topic == topic and q not in mine}
+            if gone and self.auto_commit:
+                await self.commit(gone)
+            for q in gone:
+                del self._assigned[q]
+            for q in sorted(mine - set(self._assigned)):
+                try:
+                    self._assigned[q] = await self._start_offset(q)
+                except (ClientError, TransportError) as exc:
+                    log.warning("queue not taken: no start offset", queue=q, error=str(exc))
+                    settled = False
+            if gone or mine - set(self._assigned):
+                log.info("pull consumer rebalanced", group=self.group, topic=topic,
+                         queues=sorted(q.queue_id for q in self._assigned if q.topic == topic))
+        return settled
+
+    async def _start_offset(self, queue: MessageQueue) -> int:
+        offsets = self._started()[3]
+        await self._addr(queue)
+        return max(await offsets.read(queue), 0)
 
     @property
     def assignment(self) -> dict[MessageQueue, int]:
         """Assigned queues and the offset the next :meth:`poll` of each reads from."""
         return dict(self._assigned)
 
+    # -- positions ------------------------------------------------------------------------------
+
     def seek(self, queue: MessageQueue, offset: int) -> None:
         if queue not in self._assigned:
             raise ClientError(f"{queue} is not assigned")
         self._assigned[queue] = offset
+        self._seeks[queue] = self._seeks.get(queue, 0) + 1
+
+    async def seek_to_begin(self, queue: MessageQueue) -> None:
+        pool = self._started()[1]
+        self.seek(queue, await min_offset(pool, await self._addr(queue), queue))
 
     async def seek_to_end(self, queue: MessageQueue) -> None:
-        _, pool, _ = self._started()
+        pool = self._started()[1]
         self.seek(queue, await max_offset(pool, await self._addr(queue), queue))
+
+    async def seek_to_timestamp(self, queue: MessageQueue, timestamp_ms: int) -> None:
+        """To the first message of ``queue`` stored at or after ``timestamp_ms``."""
+        pool = self._started()[1]
+        self.seek(queue, await offset_for_time(pool, await self._addr(queue), queue,
+                                               timestamp_ms))
+
+    # -- reading --------------------------------------------------------------------------------
 
     async def pull(self, queue: MessageQueue, offset: int, max_nums: int = 32, *,
                    expression: str = "*", wait_ms: int = 0) -> PullResult:
         """Messages of ``queue`` from ``offset``; ``wait_ms`` > 0 long-polls that long."""
-        _, pool, _ = self._started()
+        pool = self._started()[1]
         sub = Subscription(queue.topic, expression)
         cmd = pull_request(self.group, queue, offset, sub, max_nums=max_nums, suspend_ms=wait_ms)
-        answer = await pool.invoke(await self._addr(queue), cmd, wait_ms / 1000 + 3.0)
+        answer = await pool.invoke(await self._addr(queue), cmd,
+                                   wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
         return parse_pull(answer, sub)
 
     async def poll(self, queue: MessageQueue, max_nums: int = 32, *, wait_ms: int = 0
                    ) -> PullResult:
-        """Pull an assigned queue from its position and move the position past the result."""
+        """Pull an assigned queue from its position and move the position past the result
+        (or, after PULL_OFFSET_MOVED, to where the broker says)."""
         if queue not in self._assigned:
             raise ClientError(f"{queue} is not assigned")
-        result = await self.pull(queue, self._assigned[queue], max_nums, wait_ms=wait_ms)
-        self._assigned[queue] = result.next_begin_offset
+        seeks = self._seeks.get(queue, 0)
+        sub = self._subs.get(queue.topic)
+        result = await self.pull(queue, self._assigned[queue], max_nums,
+                                 expression=sub.expression if sub else "*", wait_ms=wait_ms)
+        if queue in self._assigned and self._seeks.get(queue, 0) == seeks:
+            if result.status is PullStatus.OFFSET_ILLEGAL:
+                log.info("offset moved", group=self.group, queue=queue,
+                         offset=result.next_begin_offset)
+            self._assigned[queue] = result.next_begin_offset
         return result
+
+    async def poll_all(self, max_nums: int = 32, *, wait_ms: int = 0) -> list[Message]:
+        """One :meth:`poll` of every assigned queue; with ``wait_ms`` the polls long-poll
+        together and the first messages to arrive are returned (the other polls are called
+        off, their positions untouched)."""
+        queues = sorted(self._assigned)
+        if wait_ms <= 0:
+            results = await asyncio.gather(*(self.poll(q, max_nums) for q in queues))
+            return [m for r in results for m in r.messages]
+        tasks = [asyncio.create_task(self.poll(q, max_nums, wait_ms=wait_ms)) for q in queues]
+        msgs: list[Message] = []
+        try:
+            pending: set[asyncio.Task[PullResult]] = set(tasks)
+            while pending and not msgs:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                msgs += [m for t in done for m in t.result().messages]
+        finally:
+            for t in tasks:
+                t.cancel()
+        return msgs
+
+    # -- offsets --------------------------------------------------------------------------------
 
     async def commit(self, offsets: dict[MessageQueue, int] | None = None) -> None:
         """Store ``offsets`` (default: every assigned queue's position) on the brokers."""
-        _, _, store = self._started()
-        chosen = self._assigned if offsets is None else offsets
+        store = self._started()[3]
+        chosen = dict(self._assigned if offsets is None else offsets)
         for q, offset in chosen.items():
             store.update(q, offset, increase_only=False)
         await store.persist(chosen)
 
     async def committed(self, queue: MessageQueue) -> int:
         """The group's stored offset of ``queue``, -1 when none."""
-        _, _, store = self._started()
+        store = self._started()[3]
         await self._addr(queue)
         return await store.read(queue)
 
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _notified(self, conn: Connection, cmd: RemotingCommand) -> None:
+        self._rebalance_now.set()
+
+    async def _reset_notified(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: an administrator moved this group's offsets."""
+        for queue, offset in reset_notice(cmd, self.group).items():
+            if queue in self._assigned:
+                self.seek(queue, offset)
+                log.info("offset reset", group=self.group, queue=queue, offset=offset)
+
+    async def _route_of(self, topic: str) -> TopicRoute:
+        routes = self._started()[0]
+        return await routes.route(topic)
+
     async def _addr(self, queue: MessageQueue) -> str:
-        routes, _, _ = self._started()
-        addr = (await routes.route(queue.topic)).master(queue.broker_name)
+        addr = (await self._route_of(queue.topic)).master(queue.broker_name)
         if addr is None:
             raise ClientError(f"broker {queue.broker_name!r} has no master")
         return addr
 
-    def _started(self) -> tuple[Routes, BrokerPool, RemoteOffsets]:
-        if self._routes is None or self._pool is None or self._offsets is None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._loops.add(task)
+        task.add_done_callback(self._loops.discard)
+
+    def _started(self) -> tuple[Routes, BrokerPool, GroupMember, RemoteOffsets]:
+        if (self._routes is None or self._pool is None or self._member is None
+                or self._offsets is None):
             raise NotStarted(f"pull consumer {self.group!r} is not started")
-        return self._routes, self._pool, self._offsets
+        return self._routes, self._pool, self._member, self._offsets

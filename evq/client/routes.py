@@ -174,24 +174,28 @@ class Routes:
         return route
 
     async def lookup(self, topic: str) -> TopicRoute:
-        """Ask the name servers in turn (the next one after a transport failure)."""
-        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        """The route as the name servers know it now (not cached)."""
+        answer = await self.ask(RemotingCommand.request(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), f"topic {topic!r}")
+        if answer.code == ResponseCode.TOPIC_NOT_EXIST:
+            raise RouteNotFound(f"no route for topic {topic!r}: {answer.remark}")
+        if answer.code != ResponseCode.SUCCESS:
+            raise BrokerRefused(answer.code, answer.remark, f"route of {topic!r}")
+        return TopicRoute.from_body(topic, answer.body)
+
+    async def ask(self, cmd: RemotingCommand, what: str) -> RemotingCommand:
+        """Ask the name servers in turn (the next one after a transport failure); the
+        answer, whatever its code."""
         last: Exception | None = None
         for _ in self._namesrv:
             client = self._namesrv[self._next % len(self._namesrv)]
             try:
-                answer = await client.invoke(attrs.evolve(cmd), REQUEST_TIMEOUT_S)
+                return await client.invoke(attrs.evolve(cmd), REQUEST_TIMEOUT_S)
             except TransportError as exc:
                 log.warning("name server unreachable", addr=client.address, error=str(exc))
                 self._next += 1
                 last = exc
-                continue
-            if answer.code == ResponseCode.TOPIC_NOT_EXIST:
-                raise RouteNotFound(f"no route for topic {topic!r}: {answer.remark}")
-            if answer.code != ResponseCode.SUCCESS:
-                raise BrokerRefused(answer.code, answer.remark, f"route of {topic!r}")
-            return TopicRoute.from_body(topic, answer.body)
-        raise ClientError(f"no name server reachable for topic {topic!r}") from last
+        raise ClientError(f"no name server reachable for {what}") from last
 
     async def refresh(self) -> None:
         """Look every cached topic up again; a topic whose lookup fails keeps its old route."""

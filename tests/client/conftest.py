@@ -20,7 +20,7 @@ from evq.domain import topics as tp
 from evq.net.transport import new_event_loop
 from tests.compat.conftest import Served, served
 
-__all__ = ["Served", "cluster", "served"]
+__all__ = ["Served", "cluster", "served", "wait_registered"]
 
 TEST_TIME_LIMIT = 60.0
 REGISTRATION_WAIT_S = 20.0
@@ -37,13 +37,17 @@ async def _registered(namesrv: str) -> bool:
         await routes.close()
 
 
-@pytest.fixture
-def cluster(served: Served) -> Served:
+def wait_registered(namesrv: str) -> None:
     deadline = time.monotonic() + REGISTRATION_WAIT_S
-    while not asyncio.run(_registered(served.namesrv)):
+    while not asyncio.run(_registered(namesrv)):
         if time.monotonic() > deadline:
             raise RuntimeError("the broker never registered with the name server")
         time.sleep(0.1)
+
+
+@pytest.fixture
+def cluster(served: Served) -> Served:
+    wait_registered(served.namesrv)
     return served
 
 

@@ -11,51 +11,18 @@ import pytest
 
 from evq.client.consumer import (
     ConsumeFrom,
-    ConsumeResult,
     ConsumerOptions,
     MessageModel,
     PushConsumer,
 )
 from evq.client.errors import ClientError
 from evq.client.offsets import LocalOffsets
-from evq.client.producer import Producer
 from evq.client.pull_consumer import PullConsumer
-from evq.domain.message import Message, new_message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
+from tests.client.inbox import Inbox, produce
 
 FAST = ConsumerOptions(rebalance_s=0.5, retry_delay_level=1, consume_from=ConsumeFrom.FIRST_OFFSET)
-
-
-class Inbox:
-    """What a listener received, awaitable until a condition holds."""
-
-    def __init__(self, fail_first: set[bytes] = frozenset()) -> None:  # type: ignore[assignment]
-        self.got: list[Message] = []
-        self._fail = set(fail_first)
-        self._changed = asyncio.Condition()
-
-    async def __call__(self, msgs: list[Message]) -> ConsumeResult:
-        async with self._changed:
-            self.got += msgs
-            self._changed.notify_all()
-        if any(m.payload() in self._fail for m in msgs):
-            self._fail -= {m.payload() for m in msgs}
-            return ConsumeResult.RECONSUME_LATER
-        return ConsumeResult.CONSUME_SUCCESS
-
-    def payloads(self) -> list[bytes]:
-        return [m.payload() for m in self.got]
-
-    async def until(self, n: int, timeout: float = 20) -> None:
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: len(self.got) >= n)
-
-
-async def produce(namesrv: str, topic: str, bodies: list[bytes], tags: str = "a") -> None:
-    async with Producer("PG", namesrv) as p:
-        for b in bodies:
-            await p.send(new_message(topic, b, tags=tags))
 
 
 async def test_round_trip_with_tag_filter_and_committed_offsets(cluster: Served) -> None:

@@ -1,0 +1,282 @@
+"""One member of a consumer group, as the brokers see it: what push and pull consumers share.
+
+A member tells every master it knows about itself (HEART_BEAT), asks a master for the group's
+client ids and runs :func:`evq.domain.rebalance.allocate` over them to find its queues, gives
+messages back (CONSUMER_SEND_MSG_BACK), holds orderly locks (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ)
+and leaves (UNREGISTER_CLIENT).  Push and pull consumers differ only in what they do with the
+queues; the conversation is this one class, so both split a topic exactly alike.
+
+A rebalance round can fail to *settle*: the topic has no route yet (a topic auto-created a
+moment ago is known to its broker before the name server hears of it), or the broker does not
+list this member yet (its heartbeat went nowhere because no route named that broker when it was
+sent).  :meth:`GroupMember.assignment` heartbeats a master that does not list this member and
+asks again, and :func:`rebalance_forever` retries a round that still did not settle with a
+short, doubling backoff instead of waiting a whole period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final
+
+import structlog
+
+from evq.client.broker_choice import BrokerChoice
+from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
+from evq.client.pulling import Subscription
+from evq.client.routes import BrokerPool, Routes
+from evq.domain.codes import ResponseCode
+from evq.domain.message import Message
+from evq.domain.queues import MessageQueue
+from evq.domain.rebalance import AllocateStrategy, AllocationError, allocate
+from evq.domain.record import offset_msg_id
+from evq.net.codes import RequestCode
+from evq.net.fastjson import queue_json
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import TransportError
+
+log = structlog.get_logger(__name__)
+
+UNSETTLED_FIRST_RETRY_S: Final = 0.1
+"""First retry after a round that did not settle; doubled each time, capped at the period."""
+START_SETTLE_TRIES: Final = 4
+"""Rounds ``start()`` tries (0.1 s, 0.2 s, 0.4 s apart) before leaving the rest to the
+background: a topic created by the send just before is usually routed by then."""
+TO_DLQ: Final = -1
+"""A send-back delay level that puts the message straight into ``%DLQ%<group>``."""
+
+
+class MessageModel(enum.Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class ConsumeFrom(enum.Enum):
+    """Where a queue with no stored offset starts."""
+
+    LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+
+
+class ConsumeType(enum.Enum):
+    """How the broker lists the member: a push consumer is fed, a pull consumer asks."""
+
+    PASSIVELY = "CONSUME_PASSIVELY"
+    ACTIVELY = "CONSUME_ACTIVELY"
+
+
+class GroupMember:
+    def __init__(self, group: str, client_id: str, routes: Routes, pool: BrokerPool, *,
+                 subscriptions: dict[str, Subscription], consume_type: ConsumeType,
+                 model: MessageModel, consume_from: ConsumeFrom,
+                 strategy: AllocateStrategy | str, brokers: BrokerChoice | None = None) -> None:
+        self.group = group
+        self.client_id = client_id
+        self.model = model
+        self._routes = routes
+        self._pool = pool
+        self._subs = subscriptions
+        self._consume_type = consume_type
+        self._consume_from = consume_from
+        self._strategy = strategy
+        self._brokers = brokers or BrokerChoice()
+        self._told: set[str] = set()
+        """Masters that accepted a heartbeat since they last denied knowing this member."""
+
+    # -- membership -------------------------------------------------------------------------
+
+    def _heartbeat_body(self) -> bytes:
+        return json.dumps({
+            "clientID": self.client_id,
+            "consumerDataSet": [{
+                "groupName": self.group, "consumeType": self._consume_type.value,
+                "messageModel": self.model.value,
+                "consumeFromWhere": self._consume_from.value, "unitMode": False,
+                "subscriptionDataSet": [{
+                    "topic": s.topic, "subString": s.expression, "expressionType":
+                    s.expression_type, "subVersion": s.version, "tagsSet": sorted(s.tags() or ()),
+                    "codeSet": [], "classFilterMode": False} for s in self._subs.values()],
+            }],
+            "producerDataSet": [],
+        }).encode()
+
+    async def heartbeat(self, addresses: Iterable[str] | None = None) -> None:
+        """HEART_BEAT to ``addresses`` (default: every broker, slaves included, of every
+        known route: a pull may go to a slave, seed 000)."""
+        body = self._heartbeat_body()
+        for addr in self._routes.all_addresses() if addresses is None else addresses:
+            try:
+                await self._pool.call(addr, RemotingCommand.request(
+                    RequestCode.HEART_BEAT, body=body), "heartbeat")
+                self._told.add(addr)
+            except (ClientError, TransportError) as exc:
+                log.warning("heartbeat failed", addr=addr, error=str(exc))
+
+    async def unregister(self) -> None:
+        for addr in self._routes.all_addresses():
+            try:
+                await self._pool.invoke(addr, RemotingCommand.request(
+                    RequestCode.UNREGISTER_CLIENT,
+                    {"clientID": self.client_id, "consumerGroup": self.group}))
+            except TransportError as exc:
+                log.warning("unregister failed", addr=addr, error=str(exc))
+
+    async def member_ids(self, addr: str) -> list[str]:
+        """The group's client ids as ``addr`` lists them; none when it knows no member yet
+        (it answers SYSTEM_ERROR "no consumer for this group")."""
+        try:
+            answer = await self._pool.call(addr, RemotingCommand.request(
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
+                "consumer list")
+        except BrokerRefused as exc:
+            if exc.code != ResponseCode.SYSTEM_ERROR:
+                raise
+            return []
+        try:
+            return [str(i) for i in json.loads(answer.body)["consumerIdList"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClientError(f"unreadable consumer list from {addr}: {exc!r}") from None
+
+    async def assignment(self, topic: str) -> set[MessageQueue] | None:
+        """The queues of ``topic`` this member should own now; None when that cannot be known
+        yet (no route, or the broker does not list this member), for the caller to retry soon
+        and keep what it has meanwhile."""
+        try:
+            route = await self._routes.route(topic)
+        except RouteNotFound:
+            log.info("rebalance: no route yet", topic=topic)
+            return None
+        except (ClientError, TransportError) as exc:
+            log.warning("rebalance: no route", topic=topic, error=str(exc))
+            return None
+        queues = route.subscribe_queues()
+        if self.model is MessageModel.BROADCASTING or not queues:
+            return set(queues)
+        # The master, or a live slave while the master is unreachable.
+        addr = self._brokers.offset_target(self._routes.group_addresses(queues[0].broker_name))
+        if addr is None:
+            log.warning("rebalance: no broker to ask for the members", topic=topic)
+            return None
+        try:
+            ids = [] if addr not in self._told else await self.member_ids(addr)
+            if self.client_id not in ids:  # never told, or the broker forgot (restart, expiry)
+                await self.heartbeat([addr])
+                ids = await self.member_ids(addr)
+            if self.client_id not in ids:
+                raise ClientError(f"{addr} does not list {self.client_id!r} yet")
+            return set(allocate(self._strategy, self.group, self.client_id, queues, ids))
+        except (AllocationError, ClientError, TransportError) as exc:
+            self._told.discard(addr)
+            log.info("rebalance: no allocation yet", topic=topic, error=str(exc))
+            return None
+
+    # -- messages and locks -----------------------------------------------------------------
+
+    async def send_back(self, queue: MessageQueue, msg: Message, *, delay_level: int,
+                        max_reconsume_times: int) -> bool:
+        """Give ``msg`` back to its broker for redelivery through ``%RETRY%<group>`` (or to
+        the DLQ: ``delay_level`` :data:`TO_DLQ`); False when the broker could not be told."""
+        addr = self._routes.master(queue.broker_name)
+        if addr is None:
+            return False
+        try:
+            await self._pool.call(addr, RemotingCommand.request(
+                RequestCode.CONSUMER_SEND_MSG_BACK, {
+                "offset": msg.commit_log_offset, "group": self.group, "delayLevel": delay_level,
+                "originMsgId": offset_msg_id(msg.store_host, msg.commit_log_offset),
+                "originTopic": msg.topic, "unitMode": False,
+                "maxReconsumeTimes": max_reconsume_times}), "send back")
+        except (ClientError, TransportError) as exc:
+            log.warning("send back failed", queue=queue, error=str(exc))
+            return False
+        return True
+
+    def _lock_body(self, queues: Iterable[MessageQueue]) -> bytes:
+        return json.dumps({"consumerGroup": self.group, "clientId": self.client_id,
+                           "mqSet": [queue_json(q) for q in queues]}).encode()
+
+    def _by_master(self, queues: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:
+        out: dict[str, list[MessageQueue]] = {}
+        for q in queues:
+            if (addr := self._routes.master(q.broker_name)) is not None:
+                out.setdefault(addr, []).append(q)
+        return out
+
+    async def lock(self, queues: Iterable[MessageQueue]
+                   ) -> tuple[set[MessageQueue], set[MessageQueue]]:
+        """LOCK_BATCH_MQ on each queue's master: the queues this member now holds, and those a
+        master refused (another member holds them).  Queues of a master that did not answer
+        are in neither."""
+        held: set[MessageQueue] = set()
+        refused: set[MessageQueue] = set()
+        for addr, batch in self._by_master(queues).items():
+            try:
+                answer = await self._pool.call(addr, RemotingCommand.request(
+                    RequestCode.LOCK_BATCH_MQ, body=self._lock_body(batch)), "lock queues")
+                granted = {MessageQueue(str(q["topic"]), str(q["brokerName"]), int(q["queueId"]))
+                           for q in json.loads(answer.body)["lockOKMQSet"]}
+            except (ClientError, TransportError) as exc:
+                log.warning("lock failed", addr=addr, error=str(exc))
+                continue
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("unreadable lock answer", addr=addr, error=repr(exc))
+                continue
+            held |= granted & set(batch)
+            refused |= set(batch) - granted
+        return held, refused
+
+    async def unlock(self, queues: Iterable[MessageQueue]) -> None:
+        for addr, batch in self._by_master(queues).items():
+            try:
+                await self._pool.call(addr, RemotingCommand.request(
+                    RequestCode.UNLOCK_BATCH_MQ, body=self._lock_body(batch)), "unlock queues")
+            except (ClientError, TransportError) as exc:
+                log.warning("unlock failed", addr=addr, error=str(exc))
+
+
+async def rebalance_forever(rebalance: Callable[[], Awaitable[bool]], wake: asyncio.Event,
+                            period_s: float, *, settled: bool) -> None:
+    """Run ``rebalance`` every ``period_s``, at once when ``wake`` is set, and, after a round
+    that did not settle, again after 0.1 s, 0.2 s, 0.4 s ... (at most ``period_s``)."""
+    backoff = UNSETTLED_FIRST_RETRY_S
+    while True:
+        try:
+            async with asyncio.timeout(period_s if settled else backoff):
+                await wake.wait()
+        except TimeoutError:
+            pass
+        wake.clear()
+        try:
+            settled = await rebalance()
+        except (ClientError, TransportError) as exc:
+            log.warning("rebalance failed", error=str(exc))
+            settled = False
+        backoff = UNSETTLED_FIRST_RETRY_S if settled else min(backoff * 2, period_s)
+
+
+async def settle(rebalance: Callable[[], Awaitable[bool]]) -> bool:
+    """The first rounds of a starting consumer, a few quick tries; whether it settled."""
+    delay = UNSETTLED_FIRST_RETRY_S
+    settled = await rebalance()
+    for _ in range(START_SETTLE_TRIES - 1):
+        if settled:
+            break
+        await asyncio.sleep(delay)
+        delay *= 2
+        settled = await rebalance()
+    return settled
+
+
+async def run_every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+    """A consumer's periodic chore (heartbeat, persist, ...): a failed round is logged and
+    the next one comes as usual."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await work()
+        except (ClientError, TransportError) as exc:
+            log.warning("periodic work failed", work=getattr(work, "__name__", "?"),
+                        error=str(exc))

@@ -1,0 +1,52 @@
+"""Reading a ResetOffsetBody in both forms a broker writes (hypothesis round trips)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.client.errors import ClientError
+from evq.client.offsets import reset_notice, reset_offsets
+from evq.domain.queues import MessageQueue
+from evq.net import fastjson
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from tests.strategies import message_queues
+
+tables = st.dictionaries(message_queues(), st.integers(0, 2**63 - 1), max_size=12)
+
+
+@given(tables)
+def test_the_java_form_round_trips(table: dict[MessageQueue, int]) -> None:
+    assert reset_offsets(fastjson.dumps({"offsetTable": table}).encode()) == table
+
+
+@given(tables)
+def test_the_cpp_array_form_round_trips(table: dict[MessageQueue, int]) -> None:
+    body = json.dumps({"offsetTable": [
+        {"brokerName": q.broker_name, "offset": o, "queueId": q.queue_id, "topic": q.topic}
+        for q, o in table.items()]}).encode()
+    assert reset_offsets(body) == table
+
+
+@pytest.mark.parametrize("body", [b"", b"{}", b"[1]", b'{"offsetTable": [{"topic": 1}]}',
+                                  b"\xff", b'{"offsetTable": 5}'])
+def test_a_bad_body_is_a_client_error(body: bytes) -> None:
+    with pytest.raises(ClientError, match="unreadable offset reset"):
+        reset_offsets(body)
+
+
+def test_a_notice_for_another_group_or_unreadable_sets_nothing() -> None:
+    q = MessageQueue("T", "b", 1)
+    body = fastjson.dumps({"offsetTable": {q: 7}}).encode()
+
+    def notice(fields: dict[str, object], body: bytes) -> RemotingCommand:
+        return RemotingCommand.request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, fields, body)
+
+    assert reset_notice(notice({"group": "G", "topic": "T"}, body), "G") == {q: 7}
+    assert reset_notice(notice({"group": "other", "topic": "T"}, body), "G") == {}
+    assert reset_notice(notice({"topic": "T"}, body), "G") == {}
+    assert reset_notice(notice({"group": "G"}, b"not json"), "G") == {}

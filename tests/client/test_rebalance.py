@@ -1,0 +1,66 @@
+"""Rebalance against a real ``evq serve``: a topic that appears after the consumer started,
+and members joining and leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from evq.client.consumer import ConsumeFrom, ConsumerOptions, PushConsumer
+from evq.domain.queues import MessageQueue
+from tests.client.conftest import Served
+from tests.client.inbox import Inbox, produce
+
+TOPIC_QUEUES = 4  # an auto-created topic takes TBW102's route, capped at 4 queues
+
+
+async def test_a_topic_created_after_start_is_consumed_within_seconds(cluster: Served) -> None:
+    inbox = Inbox()
+    # The default 20 s period: only the retry of an unsettled round can be this quick.
+    c = PushConsumer("GR1", cluster.namesrv, listener=inbox,
+                     options=ConsumerOptions(consume_from=ConsumeFrom.FIRST_OFFSET))
+    c.subscribe("R1")
+    async with c:
+        assert not {q for q in c.assigned if q.topic == "R1"}
+        await produce(cluster.namesrv, "R1", [b"late"])
+        await inbox.until(1, timeout=8)
+        await _settled([c], "R1")
+    assert inbox.payloads() == [b"late"]
+
+
+def _owned(c: PushConsumer, topic: str) -> set[MessageQueue]:
+    return {q for q in c.assigned if q.topic == topic}
+
+
+async def _settled(members: list[PushConsumer], topic: str) -> None:
+    """Until every queue of ``topic`` has exactly one owner among ``members``."""
+    async with asyncio.timeout(20):
+        while True:
+            shares = [_owned(c, topic) for c in members]
+            disjoint = all(not a & b for a, b in itertools.combinations(shares, 2))
+            if disjoint and len(set().union(*shares)) == TOPIC_QUEUES:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def test_members_join_and_leave_and_every_queue_keeps_one_owner(cluster: Served) -> None:
+    await produce(cluster.namesrv, "R2", [b"x"])
+    options = ConsumerOptions(rebalance_s=2, consume_from=ConsumeFrom.FIRST_OFFSET)
+    members = [PushConsumer("GR2", cluster.namesrv, listener=Inbox(), options=options,
+                            client_id=f"cid-{i}") for i in range(3)]
+    for c in members:
+        c.subscribe("R2")
+    started: list[PushConsumer] = []
+    try:
+        for c in members:
+            await c.start()
+            started.append(c)
+            await _settled(started, "R2")
+        assert sorted(len(_owned(c, "R2")) for c in members) == [1, 1, 2]
+        leaving = started.pop(1)
+        await leaving.shutdown()
+        await _settled(started, "R2")
+        assert sorted(len(_owned(c, "R2")) for c in started) == [2, 2]
+    finally:
+        for c in started:
+            await c.shutdown()
