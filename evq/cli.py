@@ -288,6 +288,57 @@ def _cmd_bench_net(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq bench ha ---------------------------------------------------------------------------
+
+
+def _add_bench_ha(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "ha",
+        help="produce throughput and latency with no slave, ASYNC_MASTER and SYNC_MASTER",
+        description=(
+            "Start a master (and a slave) in child processes for each of three setups (no "
+            "slave, ASYNC_MASTER, SYNC_MASTER) and produce single-message sends with several "
+            "in flight: msgs/s, send p50/p99, and the slave's lag behind the master in bytes."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=20_000,
+                   help="sends per setup (default: 20000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--in-flight", type=_positive_int, default=32,
+                   help="sends outstanding at once (default: 32)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"the brokers' store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the stores (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_ha, log_level_default="warning")
+
+
+def _cmd_bench_ha(args: argparse.Namespace) -> int:
+    from evq.bench.ha import HABenchOptions, format_report, run_ha_bench
+
+    try:
+        opts = HABenchOptions(backend=args.backend, messages=args.messages, size=args.size,
+                              in_flight=args.in_flight, data=args.data)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_ha_bench(opts)
+    words = [PROG, "bench", "ha", "--backend", args.backend, "--messages", str(args.messages),
+             "--size", str(args.size), "--in-flight", str(args.in_flight)]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    rerun = shlex.join(words)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
 # --- evq broker ------------------------------------------------------------------------------
 
 
@@ -320,10 +371,17 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", dest="broker_role", default=None,
                    choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
     p.add_argument("--flush", dest="flush", default=None, choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    p.add_argument("--ha-port", dest="ha_listen_port", type=_non_negative_int, default=None,
+                   help="a master's replication port (default: --port + 1; any free port "
+                        "with --port 0)")
+    p.add_argument("--master-ha", dest="master_ha_addr", default=None, metavar="H:P",
+                   help="a slave's master replication address (default: learnt from the "
+                        "name servers)")
 
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
-                 "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush")
+                 "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
+                 "ha_listen_port", "master_ha_addr")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
@@ -357,8 +415,9 @@ async def _start_broker(server: BrokerServer, settings: Settings) -> None:
         await server.start()
     except OSError as exc:
         raise _cannot_listen(settings.net.host, settings.net.listen_port, exc) from exc
+    ha = f", ha {server.ha_address}" if server.ha_address else ""
     print(f"{PROG} broker listening on {server.address} "
-          f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir})",
+          f"(backend {settings.net.backend}, data {settings.net.store_path_root_dir}{ha})",
           flush=True)
 
 
@@ -540,6 +599,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_store(benches)
     _add_bench_backends(benches)
     _add_bench_net(benches)
+    _add_bench_ha(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,7 +50,11 @@ class NetSettings:
 
     @property
     def ha_port(self) -> int:
-        return self.ha_listen_port or self.listen_port + 1
+        """The HA port to bind: as set, else listen_port + 1 (RocketMQ), else (a broker on
+        any free port) any free port too."""
+        if self.ha_listen_port:
+            return self.ha_listen_port
+        return self.listen_port + 1 if self.listen_port else 0
 
 
 @attrs.frozen(slots=True)
@@ -74,6 +78,7 @@ ALIASES = {
     "transactionTimeOut": "transaction_timeout_ms",
     "transactionCheckInterval": "transaction_check_interval_ms",
     "brokerPermission": "broker_permission",
+    "haMasterAddress": "master_ha_addr",
 }
 _TARGETS: dict[str, type] = {"net": NetSettings, "broker": BrokerConfig, "store": StoreConfig}
 # Settings both the broker and the store read; one value feeds both.

@@ -67,3 +67,13 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     props.write_text("justakey\n")
     with pytest.raises(SettingsError, match=r"bad\.conf:1"):
         load(config_file=props, env={})
+
+
+def test_ha_settings_under_rocketmq_names(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerRole=SLAVE\nbrokerId=1\nhaMasterAddress=10.0.0.1:10912\n"
+                    "haListenPort=20912\n")
+    s = load(config_file=conf, env={})
+    assert (s.net.master_ha_addr, s.net.ha_port) == ("10.0.0.1:10912", 20912)
+    assert load(env={}, flags={"listen_port": 10911}).net.ha_port == 10912  # RocketMQ's +1
+    assert load(env={}, flags={"listen_port": 0}).net.ha_port == 0  # any free port

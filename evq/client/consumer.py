@@ -30,6 +30,7 @@ from typing import Any, Final
 import attrs
 import structlog
 
+from evq.client.broker_choice import MASTER_ID, BrokerChoice
 from evq.client.errors import ClientError, NotStarted
 from evq.client.flow_control import HOLD_S, FlowLimits, Holds
 from evq.client.group import (
@@ -144,6 +145,7 @@ class PushConsumer:
         self._slots = asyncio.Semaphore(self.options.consume_concurrency)
         self._holds = Holds()
         self._routes: Routes | None = None
+        self._brokers = BrokerChoice(clock)
         self._pool: BrokerPool | None = None
         self._member: GroupMember | None = None
         self._offsets: OffsetStore | None = None
@@ -188,8 +190,9 @@ class PushConsumer:
         self._member = member = GroupMember(
             self.group, self.client_id, routes, pool, subscriptions=self._subs,
             consume_type=ConsumeType.PASSIVELY, model=self.model, consume_from=o.consume_from,
-            strategy=o.strategy)
-        self._offsets = (RemoteOffsets(self.group, pool, routes.master)
+            strategy=o.strategy, brokers=self._brokers)
+        self._offsets = (RemoteOffsets(self.group, pool, lambda name: self._brokers
+                                       .offset_target(routes.group_addresses(name)))
                          if self.model is MessageModel.CLUSTERING
                          else LocalOffsets(self._offsets_file))
         if isinstance(self._listener, Orderly):
@@ -281,7 +284,7 @@ class PushConsumer:
         try:
             start = await offsets.read(queue)
             if start < 0:
-                addr = routes.master(queue.broker_name)
+                addr = self._brokers.offset_target(routes.group_addresses(queue.broker_name))
                 if (self.options.consume_from is ConsumeFrom.FIRST_OFFSET
                         or queue.topic.startswith(tp.RETRY_PREFIX) or addr is None):
                     start = 0
@@ -342,18 +345,24 @@ class PushConsumer:
             if await self._held_back(queue, pq):
                 continue
             committed = offsets.get(queue) if self.model is MessageModel.CLUSTERING else None
-            addr = routes.master(queue.broker_name)
+            target = self._brokers.pull_target(queue, routes.group_addresses(queue.broker_name))
             try:
-                if addr is None:
-                    raise ClientError(f"broker {queue.broker_name!r} has no master")
+                if target is None:
+                    raise ClientError(f"broker {queue.broker_name!r} has no address")
+                broker_id, addr = target
+                if broker_id != MASTER_ID:  # a slave takes no commit (seed 000)
+                    committed = None
                 answer = await pool.invoke(addr, pull_request(
                     self.group, queue, offset, sub, max_nums=self.options.pull_batch_size,
                     commit_offset=committed or -1), LONG_POLL_TIMEOUT_S)
                 result = parse_pull(answer, sub)
             except (ClientError, TransportError) as exc:
+                if isinstance(exc, TransportError) and target is not None:
+                    self._brokers.failed(target[1])
                 log.warning("pull failed", queue=queue, error=str(exc))
                 await asyncio.sleep(PULL_ERROR_BACKOFF_S)
                 continue
+            self._brokers.suggest(queue, result.suggest_which_broker_id)
             if pq.dropped:
                 return
             offset = result.next_begin_offset

@@ -24,6 +24,7 @@ from typing import Final
 
 import structlog
 
+from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.pulling import Subscription
 from evq.client.routes import BrokerPool, Routes
@@ -71,7 +72,7 @@ class GroupMember:
     def __init__(self, group: str, client_id: str, routes: Routes, pool: BrokerPool, *,
                  subscriptions: dict[str, Subscription], consume_type: ConsumeType,
                  model: MessageModel, consume_from: ConsumeFrom,
-                 strategy: AllocateStrategy | str) -> None:
+                 strategy: AllocateStrategy | str, brokers: BrokerChoice | None = None) -> None:
         self.group = group
         self.client_id = client_id
         self.model = model
@@ -81,6 +82,7 @@ class GroupMember:
         self._consume_type = consume_type
         self._consume_from = consume_from
         self._strategy = strategy
+        self._brokers = brokers or BrokerChoice()
         self._told: set[str] = set()
         """Masters that accepted a heartbeat since they last denied knowing this member."""
 
@@ -102,9 +104,10 @@ class GroupMember:
         }).encode()
 
     async def heartbeat(self, addresses: Iterable[str] | None = None) -> None:
-        """HEART_BEAT to ``addresses`` (default: every master of every known route)."""
+        """HEART_BEAT to ``addresses`` (default: every broker, slaves included, of every
+        known route: a pull may go to a slave, seed 000)."""
         body = self._heartbeat_body()
-        for addr in self._routes.masters() if addresses is None else addresses:
+        for addr in self._routes.all_addresses() if addresses is None else addresses:
             try:
                 await self._pool.call(addr, RemotingCommand.request(
                     RequestCode.HEART_BEAT, body=body), "heartbeat")
@@ -113,7 +116,7 @@ class GroupMember:
                 log.warning("heartbeat failed", addr=addr, error=str(exc))
 
     async def unregister(self) -> None:
-        for addr in self._routes.masters():
+        for addr in self._routes.all_addresses():
             try:
                 await self._pool.invoke(addr, RemotingCommand.request(
                     RequestCode.UNREGISTER_CLIENT,
@@ -152,9 +155,10 @@ class GroupMember:
         queues = route.subscribe_queues()
         if self.model is MessageModel.BROADCASTING or not queues:
             return set(queues)
-        addr = route.master(queues[0].broker_name)
+        # The master, or a live slave while the master is unreachable.
+        addr = self._brokers.offset_target(self._routes.group_addresses(queues[0].broker_name))
         if addr is None:
-            log.warning("rebalance: no master to ask for the members", topic=topic)
+            log.warning("rebalance: no broker to ask for the members", topic=topic)
             return None
         try:
             ids = [] if addr not in self._told else await self.member_ids(addr)

@@ -45,6 +45,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[Message]
+    suggest_which_broker_id: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -92,11 +93,12 @@ def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
     try:
         next_offset = answer.get_long("nextBeginOffset")
         lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
+        suggest = answer.get_long("suggestWhichBrokerId", 0)
         found = list(iter_records(answer.body)) if status is PullStatus.FOUND else []
     except (HeaderFieldError, RecordError) as exc:
         raise ClientError(f"unreadable pull answer: {exc}") from None
     return PullResult(status, next_offset, lo, hi, [restore_topic(m) for m in
-                                                    matching(found, sub.tags())])
+                                                    matching(found, sub.tags())], suggest)
 
 
 def matching(msgs: Iterable[Message], tags: frozenset[str] | None) -> list[Message]:

@@ -213,11 +213,23 @@ class Routes:
         return sorted({addr for r in self._routes.values() for ids in r.brokers.values()
                        for i, addr in ids.items() if i == MASTER_ID})
 
+    def all_addresses(self) -> list[str]:
+        """Every broker address, masters and slaves, of every cached route."""
+        return sorted({addr for r in self._routes.values() for ids in r.brokers.values()
+                       for addr in ids.values()})
+
     def master(self, broker_name: str) -> str | None:
         for route in self._routes.values():
             if (addr := route.master(broker_name)) is not None:
                 return addr
         return None
+
+    def group_addresses(self, broker_name: str) -> dict[int, str]:
+        """Every known address of a broker group, by broker id, over all cached routes."""
+        out: dict[int, str] = {}
+        for route in self._routes.values():
+            out.update(route.brokers.get(broker_name, {}))
+        return out
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._namesrv), return_exceptions=True)

@@ -228,14 +228,22 @@ class Broker:
 
     def _follow_offsets(self, changes: Sequence[Change]) -> None:
         """Offsets applied from the log reach the live table unless a newer commit is pending
-        here (a master applying its own snapshot must not move a consumer back)."""
+        here (a master applying its own snapshot must not move a consumer back).  On a slave
+        a pending commit (made while the master was away) ends once the master's log carries
+        the same offset or a later one: the master took it over."""
         for c in changes:
-            if c.table is Table.OFFSETS and c.key not in self._dirty:
-                key = (str(c.key[0]), str(c.key[1]), int(c.key[2]))
-                if c.value is None:
-                    self._offsets.pop(key, None)
-                else:
-                    self._offsets[key] = int(c.value)  # type: ignore[call-overload]
+            if c.table is not Table.OFFSETS:
+                continue
+            key = (str(c.key[0]), str(c.key[1]), int(c.key[2]))
+            if key in self._dirty:
+                if not (self.config.is_slave and c.value is not None
+                        and int(c.value) >= self._offsets.get(key, -1)):  # type: ignore[call-overload]
+                    continue
+                self._dirty.discard(key)
+            if c.value is None:
+                self._offsets.pop(key, None)
+            else:
+                self._offsets[key] = int(c.value)  # type: ignore[call-overload]
 
     def record_events(self, events: Sequence[MetaEvent], messages: Sequence[Message] = ()
                       ) -> list[AppendResult]:
@@ -605,6 +613,24 @@ class Broker:
                 self._offsets[key] = offset
                 self._dirty.add(key)
 
+    def take_newer_offsets(self, entries: Mapping[OffsetKey, int]) -> int:
+        """A master taking the commits a slave kept while the master was down: each one
+        counts where it is ahead of this broker's own; returns how many did."""
+        taken = 0
+        with self._lock:
+            for key, offset in entries.items():
+                if offset > self._offsets.get(key, -1):
+                    self._offsets[key] = offset
+                    self._dirty.add(key)
+                    taken += 1
+        return taken
+
+    def local_commits(self) -> dict[OffsetKey, int]:
+        """On a slave: the offsets consumers committed here that its master's log does not
+        carry yet (see :meth:`_follow_offsets`)."""
+        with self._lock:
+            return {k: self._offsets[k] for k in self._dirty if k in self._offsets}
+
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed one for this queue."""
         with self._lock:
@@ -615,12 +641,15 @@ class Broker:
             return {k: v for k, v in self._offsets.items() if group is None or k[0] == group}
 
     def snapshot_offsets(self) -> int:
-        """Record changed offsets as one metadata event; returns how many."""
+        """Record changed offsets as one metadata event; returns how many.  A slave records
+        nothing and keeps its commits pending until its master's log carries them."""
+        if self.config.is_slave:
+            return 0
         with self._lock:
             changed = sorted(self._dirty)
             entries = [(k, self._offsets[k]) for k in changed if k in self._offsets]
             self._dirty.clear()
-        if entries and not self.config.is_slave:
+        if entries:
             self.record_events([offsets_snapshot(entries)])
         return len(entries)
 

@@ -113,13 +113,20 @@ def notify_ids_changed(ctx: BrokerContext, groups: Iterable[str]) -> None:
                     oneway=True))
 
 
+TAKE_IF_NEWER = "evqTakeIfNewer"
+"""UPDATE_CONSUMER_OFFSET from a slave to its returned master: keep the offset only where it
+is ahead of the master's own (evq's extension; RocketMQ clients never send it)."""
+
+
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def heart_beat(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         beat = parse_heartbeat(json_body(cmd))
         for c in beat.consumers:
             group = await ctx.blocking(ctx.core.ensure_group, c.group)
             retry = tp.retry_topic(c.group)
-            if group.retry_queue_nums > 0 and ctx.core.topic(retry) is None:
+            # A slave has its master's retry topics through the log and creates none itself.
+            if (group.retry_queue_nums > 0 and ctx.core.topic(retry) is None
+                    and not ctx.core.config.is_slave):
                 await ctx.blocking(ctx.core.ensure_topic, retry, group.retry_queue_nums)
                 ctx.topics_changed()
         if conn not in ctx.clients:
@@ -156,8 +163,12 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response(fields={"offset": offset})
 
     async def update_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        ctx.core.commit_offset(cmd.get_str("consumerGroup"), cmd.get_str("topic"),
-                               cmd.get_int("queueId"), cmd.get_long("commitOffset"))
+        key = (cmd.get_str("consumerGroup"), cmd.get_str("topic"), cmd.get_int("queueId"))
+        offset = cmd.get_long("commitOffset")
+        if cmd.get_bool(TAKE_IF_NEWER, False):  # a slave handing back what it kept
+            ctx.core.take_newer_offsets({key: offset})
+        else:
+            ctx.core.commit_offset(*key, offset)
         return cmd.response()
 
     async def send_msg_back(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

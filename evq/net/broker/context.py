@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import attrs
 
 from evq.domain.broker import Broker
+from evq.domain.log import PutStatus
 from evq.domain.membership import GroupMembership
 from evq.domain.message import Host
 from evq.embedded import Broker as Engine
@@ -26,6 +27,8 @@ class BrokerContext:
     loop: asyncio.AbstractEventLoop
     sync_flush: bool = False  # acknowledge sends only once the log is on disk
     topics_changed: Callable[[], None] = lambda: None  # re-register with the name servers
+    # SYNC_MASTER: (log end offset, timeout s) -> whether a slave holds it (see evq.ha.master)
+    replicated: Callable[[int, float], Awaitable[PutStatus]] | None = None
     # Per client connection: (language, version) from its heartbeat; the connections whose
     # close already drops them from the membership tables.
     clients: weakref.WeakKeyDictionary[object, tuple[int, int]] = attrs.field(

@@ -10,7 +10,7 @@ from evq.domain import topics as tp
 from evq.domain.broker import SendResult
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.log import PutStatus
-from evq.domain.message import COMPRESS_OVER, Message, decode_properties
+from evq.domain.message import COMPRESS_OVER, Message, Prop, decode_properties
 from evq.domain.record import RecordError, decode_batch
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
@@ -84,10 +84,28 @@ async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
                       result.appended)
 
 
+def waits_for_store(messages: list[Message]) -> bool:
+    """RocketMQ's ``isWaitStoreMsgOK``: a producer that set ``WAIT=false`` on every message
+    wants its answer before the slave has them."""
+    return any(m.properties.get(Prop.WAIT, "true").lower() != "false" for m in messages)
+
+
+async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) -> SendResult:
+    """SYNC_MASTER: acknowledge only what a slave holds (RocketMQ's handleHA); the message
+    is stored either way, the code tells the producer whether a slave has it."""
+    if ctx.replicated is None or not result.ok or not wait:
+        return result
+    status = await ctx.replicated(result.end_offset, ctx.core.config.sync_flush_timeout_ms / 1000)
+    if status is PutStatus.PUT_OK:
+        return result
+    return SendResult(status, result.topic, result.queue_id, result.appended)
+
+
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = v1_header(cmd)
         messages = messages_of(conn, h)
+        wait = waits_for_store(messages)  # read before the broker routes (and strips) WAIT
         max_reconsume = (h.get_int("maxReconsumeTimes", None)
                          if h.version >= 121 else None)  # V3_4_9: Java's rule
         default_topic = h.get_str("defaultTopic", tp.AUTO_CREATE_TOPIC)
@@ -103,7 +121,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.topics_changed()
         else:
             result = put()
-        result = await durable(ctx, result)
+        result = await replicated(ctx, await durable(ctx, result), wait)
         if not result.appended or result.appended[0].physical_offset < 0:
             return cmd.response(result.code, f"store put failed: {result.status.value}")
         return cmd.response(result.code, None, {

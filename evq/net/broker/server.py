@@ -16,25 +16,36 @@ from collections.abc import Callable
 import attrs
 import structlog
 
+from evq.domain.broker_config import BrokerRole
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.log import FlushMode
 from evq.domain.membership import GroupMembership
 from evq.domain.message import Message, Prop
 from evq.domain.record import encode, offset_msg_id
 from evq.embedded import Broker as Engine
+from evq.ha.master import HAMaster
+from evq.ha.slave import HASlave
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.context import BrokerContext
 from evq.net.codes import RequestCode
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
-from evq.net.registration import BrokerRegistrar
-from evq.net.transport import Connection, Dispatcher, RemotingServer, TransportConfig
+from evq.net.registration import BrokerRegistrar, split_address
+from evq.net.transport import (
+    Connection,
+    Dispatcher,
+    RemotingClient,
+    RemotingServer,
+    TransportConfig,
+    TransportError,
+)
 from evq.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 MEMBERSHIP_SCAN_S = 10.0
+HAND_BACK_S = 5.0
 PROCESSOR_MODULES = (send, pull, clients, queries, admin)
 
 
@@ -73,12 +84,19 @@ class BrokerServer:
                                      self._dispatcher, config=transport, clock=clock)
         self.ctx: BrokerContext | None = None
         self.registrar: BrokerRegistrar | None = None
+        self.ha_master: HAMaster | None = None
+        self.ha_slave: HASlave | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
 
     @property
     def address(self) -> str:
         return self.server.address
+
+    @property
+    def ha_address(self) -> str | None:
+        """Where this (master) broker takes slaves; None when it does not."""
+        return self.ha_master.address if self.ha_master is not None else None
 
     async def start(self) -> None:
         """Bind, open (and recover) the store, then serve.  Raises OSError when the port is
@@ -109,6 +127,7 @@ class BrokerServer:
                 self._dispatcher.register(code, handler)
         self.ctx = ctx
         self._tasks.append(loop.create_task(self._scan_members()))
+        await self._start_ha(ctx)
         if s.net.namesrv_list:
             # Registered at once rather than RocketMQ's 10 s in: a client started with the
             # broker would otherwise find no route for its first sends.
@@ -117,12 +136,69 @@ class BrokerServer:
                 BrokerIdentity(cluster=s.broker.broker_cluster_name,
                                broker_name=s.broker.broker_name, broker_id=s.broker.broker_id,
                                broker_addr=self.address,
-                               ha_server_addr=f"{s.net.host}:{s.net.ha_port}"),
+                               ha_server_addr=self.ha_address or ""),
                 lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0)
             ctx.topics_changed = self.registrar.register_now
             await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
                  data=s.net.store_path_root_dir, role=s.broker.broker_role.value)
+
+    async def _start_ha(self, ctx: BrokerContext) -> None:
+        """A master listens for slaves (a SYNC_MASTER's sends then wait for one); a slave
+        follows the master named in its settings or, failing that, by the name servers."""
+        s = self.settings
+        message_log = ctx.core.log
+        if s.broker.is_slave:
+            self.ha_slave = HASlave(message_log, self._master_ha_addr,
+                                    on_streaming=self._hand_back_offsets)
+            self.ha_slave.start()
+            return
+        master = HAMaster(message_log, s.net.host, s.net.ha_port)
+        try:
+            await master.start()
+        except OSError as exc:
+            # Only a broker that needs slaves fails for want of the port; others serve on.
+            if s.broker.broker_role is BrokerRole.SYNC_MASTER or s.net.ha_listen_port:
+                raise
+            log.warning("ha_port_unavailable", port=s.net.ha_port, error=str(exc))
+            return
+        self.ha_master = master
+        if s.broker.broker_role is BrokerRole.SYNC_MASTER:
+            ctx.replicated = master.wait_replicated
+
+    async def _hand_back_offsets(self) -> None:
+        """While a slave streams, it gives its master the offsets consumers committed here
+        (while the master was down, or before they noticed it was back), every few seconds.
+        The master keeps those ahead of its own and records them; a pending commit here ends
+        when that record replicates back (:meth:`evq.domain.broker.Broker.local_commits`)."""
+        assert self.ctx is not None and self.ha_slave is not None
+        core = self.ctx.core
+        while self.ha_slave.streaming:
+            commits = core.local_commits()
+            master = self.registrar.master_addr if self.registrar is not None else None
+            if commits and master is not None:
+                await self._send_offsets(master, commits)
+            await asyncio.sleep(HAND_BACK_S)
+
+    async def _send_offsets(self, master: str, commits: dict[tuple[str, str, int], int]
+                            ) -> None:
+        try:
+            async with RemotingClient(*split_address(master), clock=self._clock) as client:
+                for (group, topic, queue_id), offset in commits.items():
+                    await client.invoke(RemotingCommand.request(
+                        RequestCode.UPDATE_CONSUMER_OFFSET,
+                        {"consumerGroup": group, "topic": topic, "queueId": queue_id,
+                         "commitOffset": offset, clients.TAKE_IF_NEWER: True}), HAND_BACK_S)
+        except TransportError as exc:
+            log.warning("offsets_not_handed_back", master=master, error=str(exc))
+            return
+        log.info("offsets_handed_back", master=master, offsets=len(commits))
+
+    def _master_ha_addr(self) -> str | None:
+        configured = self.settings.net.master_ha_addr
+        if configured:
+            return configured
+        return self.registrar.master_ha_addr if self.registrar is not None else None
 
     async def _scan_members(self) -> None:
         """Drop clients silent for 120 s, every 10 s, as RocketMQ's ClientHousekeepingService."""
@@ -144,7 +220,11 @@ class BrokerServer:
                 await task
         if self.ctx is not None:
             self.ctx.holds.release_all()
+        if self.ha_slave is not None:
+            await self.ha_slave.shutdown()
         await self.server.shutdown(grace)
+        if self.ha_master is not None:
+            await self.ha_master.shutdown()
         for close in self._closers:
             close()
         if self.ctx is not None:

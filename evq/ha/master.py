@@ -1,0 +1,217 @@
+"""The master's HA service: listens on the HA port, streams its log to every slave, and tells
+a SYNC_MASTER's send path when a slave holds a message.
+
+One connection per slave, two coroutines per connection: a writer that streams the log from
+the slave's offset in chunks of up to :data:`~evq.ha.frames.MAX_TRANSFER` bytes (woken by the
+log's dispatch, a heartbeat after 5 s idle), and a reader that takes the slave's offset
+reports, which are its acknowledgements.  Store calls run off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+
+import attrs
+import structlog
+
+from evq.domain.log import LogError, MessageLog, PutStatus
+from evq.ha.frames import (
+    HELLO,
+    MAX_TRANSFER,
+    AnswerKind,
+    FrameError,
+    Hello,
+    ReportDecoder,
+    transfer_head,
+)
+from evq.ha.handshake import decide
+from evq.ha.log_window import LogWindow
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 5.0  # haSendHeartbeatInterval
+HOUSEKEEPING_S = 20.0  # haHousekeepingInterval: a slave silent this long is dropped
+SLAVE_FALLBEHIND_MAX = 256 * 1024 * 1024  # haSlaveFallbehindMax
+_READ = 64 * 1024
+
+
+@attrs.define(slots=True, eq=False)
+class _Slave:
+    peer: str
+    acked: int
+    wake: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+
+class HAMaster:
+    """Replication to any number of slaves.  Bind with :meth:`start`; :attr:`port` is the
+    bound port (``port=0`` picks a free one)."""
+
+    def __init__(self, message_log: MessageLog, host: str, port: int, *,
+                 heartbeat_s: float = HEARTBEAT_S, housekeeping_s: float = HOUSEKEEPING_S,
+                 fallbehind_max: int = SLAVE_FALLBEHIND_MAX) -> None:
+        self._log = message_log
+        self._window = LogWindow(message_log)
+        self._host = host
+        self._port = port
+        self._heartbeat_s = heartbeat_s
+        self._housekeeping_s = housekeeping_s
+        self._fallbehind_max = fallbehind_max
+        self._slaves: set[_Slave] = set()
+        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._seq = itertools.count()
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unsubscribe = lambda: None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            return self._port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self.port}"
+
+    @property
+    def slave_offsets(self) -> list[int]:
+        """What each connected slave acknowledged."""
+        return [s.acked for s in self._slaves]
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        self._unsubscribe = self._log.subscribe_dispatch(self._on_dispatch)
+        log.info("ha_master_listening", address=self.address)
+
+    async def shutdown(self) -> None:
+        self._unsubscribe()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        for _end, _seq, future in self._waiters:
+            if not future.done():
+                future.set_result(False)
+        self._waiters.clear()
+
+    # --- SYNC_MASTER ---------------------------------------------------------------------------
+
+    async def wait_replicated(self, end_offset: int, timeout: float) -> PutStatus:
+        """PUT_OK once a slave acknowledged ``end_offset``; SLAVE_NOT_AVAILABLE at once when no
+        slave is connected or the best is more than haSlaveFallbehindMax behind;
+        FLUSH_SLAVE_TIMEOUT when none got there within ``timeout`` seconds."""
+        best = max(self.slave_offsets, default=None)
+        if best is None or self._log.max_physical_offset - best > self._fallbehind_max:
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        if best >= end_offset:
+            return PutStatus.PUT_OK
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
+        try:
+            async with asyncio.timeout(timeout):
+                ok = await future
+        except TimeoutError:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT
+        return PutStatus.PUT_OK if ok else PutStatus.FLUSH_SLAVE_TIMEOUT
+
+    def _acknowledged(self, offset: int) -> None:
+        while self._waiters and self._waiters[0][0] <= offset:
+            _end, _seq, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(True)
+
+    # --- streaming -----------------------------------------------------------------------------
+
+    def _on_dispatch(self, _batch: object) -> None:
+        """From the store's thread: new log bytes for every writer."""
+        if self._slaves and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for slave in self._slaves:
+            slave.wake.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = "{}:{}".format(*writer.get_extra_info("peername")[:2])
+        try:
+            start = await self._handshake(reader, writer, peer)
+            if start is not None:
+                await self._stream(reader, writer, _Slave(peer, start))
+        except (ConnectionError, asyncio.IncompleteReadError, FrameError, LogError,
+                TimeoutError) as exc:
+            log.warning("ha_slave_dropped", slave=peer, error=str(exc) or type(exc).__name__)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         peer: str) -> int | None:
+        while True:
+            async with asyncio.timeout(self._housekeeping_s):
+                claim = Hello.decode(await reader.readexactly(HELLO.size))
+            answer = await asyncio.to_thread(decide, claim, self._window)
+            writer.write(answer.encode())
+            await writer.drain()
+            log.info("ha_handshake", slave=peer, slave_max=claim.slave_max,
+                     probe_end=claim.probe_end, answer=answer.kind.name, offset=answer.offset)
+            if answer.kind is AnswerKind.STREAM:
+                return answer.offset
+            if answer.kind is AnswerKind.REFUSED:
+                return None
+
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      slave: _Slave) -> None:
+        self._slaves.add(slave)
+        self._acknowledged(max(s.acked for s in self._slaves))
+        reports = asyncio.create_task(self._read_reports(reader, slave))
+        try:
+            await self._write_log(writer, slave, reports)
+        finally:
+            self._slaves.discard(slave)
+            reports.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reports
+
+    async def _read_reports(self, reader: asyncio.StreamReader, slave: _Slave) -> None:
+        decoder = ReportDecoder()
+        while True:
+            async with asyncio.timeout(self._housekeeping_s):
+                data = await reader.read(_READ)
+            if not data:
+                raise ConnectionError("the slave closed the connection")
+            offset = decoder.feed(data)
+            if offset is not None:
+                slave.acked = offset
+                self._acknowledged(offset)
+
+    async def _write_log(self, writer: asyncio.StreamWriter, slave: _Slave,
+                         reports: asyncio.Task[None]) -> None:
+        position = slave.acked
+        while not reports.done():
+            slave.wake.clear()
+            data = await asyncio.to_thread(self._log.read_log, position, MAX_TRANSFER)
+            if data:
+                writer.write(transfer_head(position, len(data)))
+                writer.write(data)
+                position += len(data)
+                await writer.drain()
+                continue
+            waker = asyncio.create_task(slave.wake.wait())
+            done, _ = await asyncio.wait({waker, reports}, timeout=self._heartbeat_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
+            if not done:
+                writer.write(transfer_head(position, 0))
+                await writer.drain()
+        reports.result()  # the reader's error ends the session with its reason

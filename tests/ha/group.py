@@ -1,0 +1,205 @@
+"""A broker group in real processes: a name server, a master on fixed ports (so it can be
+killed and restarted where its slave and clients expect it) and a slave."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from evq.backends.config import StoreConfig
+from evq.backends.registry import open_log
+from evq.client.errors import ClientError
+from evq.client.routes import Routes
+from evq.domain import topics as tp
+from evq.domain.log import GetStatus, MessageLog
+from evq.domain.message import Prop
+from evq.domain.record import decode
+from evq.ha.log_window import LogWindow
+from evq.net import fastjson
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.registration import split_address
+from evq.net.transport import RemotingClient, TransportError
+from tests.processes import Running, running_evq
+
+HOST = "127.0.0.1"
+CATCH_UP_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define
+class Group:
+    """Where everything runs; :meth:`start_master` may be called again after a kill."""
+
+    root: Path
+    namesrv: str
+    master_port: int = attrs.field(factory=free_port)
+    ha_port: int = attrs.field(factory=free_port)
+    stack: contextlib.ExitStack = attrs.field(factory=contextlib.ExitStack)
+    master: Running | None = None
+    slave: Running | None = None
+
+    @property
+    def master_addr(self) -> str:
+        return f"{HOST}:{self.master_port}"
+
+    @property
+    def slave_addr(self) -> str:
+        assert self.slave is not None
+        return self.slave.addresses["broker"]
+
+    @property
+    def config(self) -> Path:
+        """Small unwarmed segments: a broker restarted every few seconds must not spend
+        them pre-faulting a 1 GiB file."""
+        path = self.root / "broker.conf"
+        if not path.exists():
+            path.write_text("mappedFileSizeCommitLog=16777216\nwarmSegments=false\n"
+                            "slaveReadEnable=true\n")
+        return path
+
+    def start_master(self, role: str, *extra: str) -> Running:
+        """Start (or restart) the master; returns once the name server routes to it."""
+        self.master = self.stack.enter_context(running_evq(
+            "--log-level", "warning", "broker", "--config", str(self.config),
+            "--port", str(self.master_port),
+            "--ha-port", str(self.ha_port), "--namesrv", self.namesrv, "--role", role,
+            "--data", str(self.root / "master"), *extra, servers=1))
+        wait_registered(self.namesrv, self.master_addr)
+        return self.master
+
+    def start_slave(self, *extra: str) -> Running:
+        self.slave = self.stack.enter_context(running_evq(
+            "--log-level", "warning", "broker", "--config", str(self.config), "--port", "0",
+            "--role", "SLAVE",
+            "--broker-id", "1", "--master-ha", f"{HOST}:{self.ha_port}",
+            "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1))
+        return self.slave
+
+    def kill_master(self) -> None:
+        assert self.master is not None
+        self.master.proc.kill()
+        self.master.proc.wait(10)
+
+
+def wait_registered(namesrv: str, broker_addr: str) -> None:
+    """Poll until the name server routes the default topic to ``broker_addr``: a broker
+    prints where it listens before its first registration has arrived."""
+    deadline = time.monotonic() + CATCH_UP_S
+    while not asyncio.run(_routed(namesrv, broker_addr)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{broker_addr} never registered with {namesrv}")
+        time.sleep(0.05)
+
+
+async def _routed(namesrv: str, broker_addr: str) -> bool:
+    routes = Routes(namesrv)
+    try:
+        route = await routes.lookup(tp.AUTO_CREATE_TOPIC)
+    except ClientError:
+        return False
+    finally:
+        await routes.close()
+    return any(broker_addr in ids.values() for ids in route.brokers.values())
+
+
+@contextlib.contextmanager
+def broker_group(root: Path) -> Iterator[Group]:
+    with contextlib.ExitStack() as stack:
+        ns = stack.enter_context(running_evq("--log-level", "warning", "namesrv", "--port", "0",
+                                             servers=1))
+        group = Group(root, ns.addresses["namesrv"])
+        with group.stack:
+            yield group
+
+
+async def log_end(addr: str) -> int:
+    """A broker's commit-log end, from GET_BROKER_RUNTIME_INFO."""
+    async with RemotingClient(*split_address(addr)) as client:
+        answer = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), 5.0)
+    return int(json.loads(answer.body)["table"]["commitLogMaxOffset"])
+
+
+async def committed(addr: str, group: str, topic: str, queues: int) -> list[int]:
+    """The group's committed offset of each queue on one broker (-1: none)."""
+    out = []
+    async with RemotingClient(*split_address(addr)) as client:
+        for q in range(queues):
+            answer = await client.invoke(RemotingCommand.request(
+                RequestCode.QUERY_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": topic, "queueId": q}), 5.0)
+            out.append(answer.get_long("offset") if answer.code == 0 else -1)
+    return out
+
+
+async def admin_tables(addr: str) -> dict[str, object]:
+    """What an operator's tools read from a broker: every topic config, subscription group,
+    consumer offset and delay offset (data versions left out: each broker stamps its own)."""
+    out: dict[str, object] = {}
+    async with RemotingClient(*split_address(addr)) as client:
+        for code, table in ((RequestCode.GET_ALL_TOPIC_CONFIG, "topicConfigTable"),
+                            (RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                             "subscriptionGroupTable"),
+                            (RequestCode.GET_ALL_CONSUMER_OFFSET, "offsetTable"),
+                            (RequestCode.GET_ALL_DELAY_OFFSET, "delay:offsetTable")):
+            answer = await client.invoke(RemotingCommand.request(code, {}), 5.0)
+            out[table] = fastjson.loads(answer.body.decode())[table.rpartition(":")[2]]
+    return out
+
+
+def wait_caught_up(group: Group) -> int:
+    """Poll until the slave's log end equals the master's; returns it."""
+    deadline = time.monotonic() + CATCH_UP_S
+    while True:
+        try:
+            master, slave = (asyncio.run(log_end(a))
+                             for a in (group.master_addr, group.slave_addr))
+            if master == slave:
+                return master
+        except (TransportError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("the slave did not catch up with the master")
+        time.sleep(0.05)
+
+
+@attrs.frozen
+class StoreContents:
+    queues: dict[tuple[str, int], list[str]]
+    """UNIQ_KEYs of every queue, by queue offset (from the queue's min offset)."""
+    raw: bytes
+
+
+def read_store(path: Path, topic: str) -> StoreContents:
+    config = StoreConfig(commitlog_segment_size=16 * 1024 * 1024, warm_segments=False)
+    log: MessageLog = open_log("mmap", path, config, background=False)
+    try:
+        queues: dict[tuple[str, int], list[str]] = {}
+        for (t, q), hi in log.queues().items():
+            if t != topic:
+                continue
+            keys = queues.setdefault((t, q), [])
+            offset = 0
+            while offset < hi:
+                r = log.read(t, q, offset, max_count=256, max_bytes=8 << 20)
+                assert r.status is GetStatus.FOUND, (t, q, offset, r.status)
+                keys += [decode(v, check_crc=False).properties[Prop.UNIQ_KEY]
+                         for v in r.records]
+                offset = r.next_offset
+        raw = LogWindow(log).read(log.min_physical_offset, log.max_physical_offset)
+        return StoreContents(queues, raw)
+    finally:
+        log.close()

@@ -1,0 +1,54 @@
+"""A slave whose log forked from its master's, in real processes: the copy of a master's
+store that went on taking sends on its own is started as the master's slave, and ends up
+with the master's log byte for byte (its own tail cut off at the common prefix)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evq.client.producer import Producer, SendStatus
+from evq.domain.message import new_message
+from tests.ha.group import broker_group, read_store, wait_caught_up, wait_registered
+from tests.processes import running_evq
+
+TOPIC = "HaFork"
+
+
+async def produce(namesrv: str, prefix: str, n: int) -> None:
+    async with Producer("ha-fork", namesrv) as producer:
+        for i in range(n):
+            r = await producer.send(new_message(TOPIC, f"{prefix}{i}".encode() * 20))
+            assert r.status is SendStatus.SEND_OK
+
+
+@pytest.mark.slow
+def test_forked_slave_is_cut_back_and_follows_its_master(tmp_path: Path) -> None:
+    with broker_group(tmp_path) as group:
+        group.start_master("ASYNC_MASTER")
+        asyncio.run(produce(group.namesrv, "common", 100))
+        assert group.master is not None and group.master.stop() == 0
+        shutil.copytree(tmp_path / "master", tmp_path / "slave")
+        # The copy takes sends of its own as a master of another group...
+        with running_evq("--log-level", "warning", "broker", "--config", str(group.config),
+                         "--port", "0", "--namesrv", group.namesrv, "--broker-name", "fork",
+                         "--data", str(tmp_path / "slave"), servers=1) as fork:
+            wait_registered(group.namesrv, fork.addresses["broker"])
+            asyncio.run(produce(group.namesrv, "fork", 150))
+            assert fork.stop() == 0
+        # ...while the real master takes others at the same offsets.
+        group.start_master("ASYNC_MASTER")
+        asyncio.run(produce(group.namesrv, "master", 60))
+        forked = read_store(tmp_path / "slave", TOPIC)
+        group.start_slave()
+        wait_caught_up(group)
+        assert group.master.stop() == 0
+        assert group.slave is not None and group.slave.stop() == 0
+    master = read_store(tmp_path / "master", TOPIC)
+    slave = read_store(tmp_path / "slave", TOPIC)
+    assert len(forked.raw) > len(master.raw)  # the slave had bytes to drop, not only to add
+    assert slave.raw == master.raw
+    assert slave.queues == master.queues
