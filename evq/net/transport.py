@@ -194,6 +194,7 @@ class Connection(asyncio.Protocol):
         self._opaques = OpaqueCounter()
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._oneway: set[asyncio.Task[None]] = set()  # those of _tasks nobody waits on
         self._close_callbacks: list[CloseCallback] = []
         self._transport: asyncio.Transport | None = None
         self._closed = asyncio.get_running_loop().create_future()
@@ -316,8 +317,10 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         log.debug("connection closed", conn=self.id, peer=self.peer, error=exc)
-        for task in self._tasks:
+        for task in self._tasks - self._oneway:
             task.cancel()  # nobody is left to read the answer (e.g. a parked long poll)
+        # One-way requests run on: their sender counted them as delivered when it wrote them
+        # (END_TRANSACTION, offsets), and may well hang up right after.
         closed = ConnectionClosed(f"connection {self.id} to {self.peer} closed")
         for future in self._pending.values():
             if not future.done():
@@ -359,6 +362,8 @@ class Connection(asyncio.Protocol):
                 else:
                     task = asyncio.get_running_loop().create_task(self._handle(cmd))
                     self._tasks.add(task)
+                    if cmd.is_oneway:
+                        self._oneway.add(task)
                     task.add_done_callback(self._handled)
         except ProtocolError as exc:
             self._refuse(exc)
@@ -386,6 +391,7 @@ class Connection(asyncio.Protocol):
 
     def _handled(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._oneway.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("request task failed", conn=self.id, peer=self.peer, error=repr(exc))
         if not self.is_closed:

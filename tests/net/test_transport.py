@@ -142,6 +142,28 @@ async def test_client_oneway_reaches_the_handler() -> None:
         await asyncio.wait_for(got.wait(), TIMEOUT)
 
 
+async def test_a_oneway_request_finishes_after_its_sender_hangs_up() -> None:
+    started, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow(conn: Connection, cmd: RemotingCommand) -> None:
+        started.set()
+        await release.wait()  # still running when the connection goes
+        finished.set()
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await asyncio.Event().wait()  # a two-way request nobody will read: cancelled
+        return cmd.response()
+
+    async with serving({ECHO: slow, SLOW: parked}) as server:
+        async with RawPeer.connect(server) as peer:
+            await peer.send(RemotingCommand(code=ECHO, opaque=1, flag=2).encode())
+            await peer.send(RemotingCommand(code=SLOW, opaque=2).encode())
+            await asyncio.wait_for(started.wait(), TIMEOUT)
+        await eventually(lambda: not server.connections)
+        release.set()
+        await asyncio.wait_for(finished.wait(), TIMEOUT)
+
+
 # --- errors answered ---------------------------------------------------------------------------
 
 
