@@ -11,8 +11,11 @@ asks and whenever (the producer that sent the half may be long dead).
 
 An id that is not there yet may belong to a transaction still running (a check can arrive
 while a slow local transaction holds its locks), so a half younger than ``pending_ms`` is
-answered UNKNOWN (asked again later) and only an older one is rolled back: see
-:func:`decide`.
+answered UNKNOWN (asked again later).  An older one is *fenced*: the check inserts the id with
+ROLLBACK.  The id is the table's primary key, so of a late local transaction and the fence
+exactly one insert commits; a local transaction that loses fails its insert, rolls back its
+work and answers ROLLBACK too — the broker and the database never disagree, whatever the
+timing.  :func:`decide` is the rule.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ Work = Callable[[sa.Connection, Message, object], None]
 """The application's local transaction: its writes go through the given connection."""
 
 
-def decide(committed: bool, age_ms: int, pending_ms: int = PENDING_MS) -> TransactionState:
-    """The check-back answer from the table: committed ids commit; a missing id rolls back
-    once no transaction that started with the half can still be running."""
-    if committed:
-        return TransactionState.COMMIT
+def decide(recorded: TransactionState | None, age_ms: int, pending_ms: int = PENDING_MS
+           ) -> TransactionState:
+    """The check-back answer: what the table recorded, else UNKNOWN while the local
+    transaction may still be running, else ROLLBACK (which the check then records)."""
+    if recorded is not None:
+        return recorded
     return TransactionState.UNKNOWN if age_ms < pending_ms else TransactionState.ROLLBACK
 
 
@@ -57,7 +61,8 @@ class SqlTransactions:
         self.table = sa.Table(
             table, metadata,
             sa.Column("transaction_id", sa.String(64), primary_key=True),
-            sa.Column("committed_ms", sa.BigInteger, nullable=False, index=True),
+            sa.Column("committed", sa.Boolean, nullable=False),
+            sa.Column("recorded_ms", sa.BigInteger, nullable=False, index=True),
         )
         metadata.create_all(engine)
 
@@ -67,14 +72,14 @@ class SqlTransactions:
         return SqlTransactionListener(self, work)
 
     def run(self, work: Work, msg: Message, arg: object) -> TransactionState:
-        """``work`` and the id's row in one database transaction: COMMIT when it commits,
-        ROLLBACK when anything in it raises (nothing of it is then in the database)."""
+        """``work`` and the id's COMMIT row in one database transaction: COMMIT when it
+        commits, ROLLBACK when anything in it raises — a fence included (nothing of it is
+        then in the database)."""
         tx_id = msg.properties[Prop.UNIQ_KEY]
         try:
             with self.engine.begin() as conn:
                 work(conn, msg, arg)
-                conn.execute(self.table.insert().values(transaction_id=tx_id,
-                                                        committed_ms=self._clock.now_ms()))
+                self._record(conn, tx_id, TransactionState.COMMIT)
         except Exception:
             log.exception("local transaction rolled back", transaction_id=tx_id)
             return TransactionState.ROLLBACK
@@ -82,20 +87,37 @@ class SqlTransactions:
 
     def check(self, msg: Message) -> TransactionState:
         tx_id = msg.properties.get(Prop.UNIQ_KEY, "")
-        with self.engine.connect() as conn:
-            found = conn.execute(sa.select(self.table.c.transaction_id).where(
-                self.table.c.transaction_id == tx_id)).first() is not None
-        state = decide(found, self._clock.now_ms() - msg.born_timestamp, self.pending_ms)
+        state = decide(self.recorded(tx_id), self._clock.now_ms() - msg.born_timestamp,
+                       self.pending_ms)
+        if state is TransactionState.ROLLBACK and self.recorded(tx_id) is None:
+            try:
+                with self.engine.begin() as conn:
+                    self._record(conn, tx_id, TransactionState.ROLLBACK)
+            except sa.exc.IntegrityError:  # the local transaction committed just now
+                state = decide(self.recorded(tx_id), 0, self.pending_ms)
         log.info("transaction checked", transaction_id=tx_id, state=state.name)
         return state
 
+    def recorded(self, tx_id: str) -> TransactionState | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(self.table.c.committed).where(
+                self.table.c.transaction_id == tx_id)).first()
+        if row is None:
+            return None
+        return TransactionState.COMMIT if row.committed else TransactionState.ROLLBACK
+
     def prune(self, older_than_ms: int) -> int:
-        """Forget ids committed before ``older_than_ms`` (epoch ms) — once the broker can no
+        """Forget ids recorded before ``older_than_ms`` (epoch ms) — once the broker can no
         longer ask about them (after transactionCheckMax checks); returns how many."""
         with self.engine.begin() as conn:
             result = conn.execute(self.table.delete().where(
-                self.table.c.committed_ms < older_than_ms))
+                self.table.c.recorded_ms < older_than_ms))
         return int(result.rowcount)
+
+    def _record(self, conn: sa.Connection, tx_id: str, state: TransactionState) -> None:
+        conn.execute(self.table.insert().values(
+            transaction_id=tx_id, committed=state is TransactionState.COMMIT,
+            recorded_ms=self._clock.now_ms()))
 
 
 class SqlTransactionListener:

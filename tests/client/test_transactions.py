@@ -93,6 +93,17 @@ async def test_commit_is_delivered_and_rollback_never(tx_cluster: Served) -> Non
         assert listener.checked == []
 
 
+async def test_a_commit_sent_right_before_shutdown_is_not_lost(tx_cluster: Served) -> None:
+    listener = Scripted({b"last": TransactionState.COMMIT})
+    for _ in range(5):  # END_TRANSACTION is one-way; the producer hangs up at once
+        async with TransactionProducer("PTX7", tx_cluster.namesrv, listener) as p:
+            await p.send_in_transaction(new_message("TX7", b"last"))
+    async with asyncio.timeout(3):  # well before any check-back (1 s timeout, rounds of 0.3 s)
+        while len(await bodies(tx_cluster.namesrv, "TX7")) < 5:
+            await asyncio.sleep(0.1)
+    assert listener.checked == []
+
+
 async def test_unknown_is_decided_by_the_check_back(tx_cluster: Served) -> None:
     listener = Scripted({b"later": TransactionState.UNKNOWN, b"never": TransactionState.UNKNOWN})
     async with TransactionProducer("PTX2", tx_cluster.namesrv, listener) as p:
@@ -194,25 +205,46 @@ def test_scripts_send_in_transaction_with_a_blocking_database_listener(
             result.transaction_id]
 
 
-@given(st.integers(0, 10**7), st.integers(1, 10**7))
-def test_a_committed_id_always_commits_and_a_missing_one_waits_out_its_window(
-        age: int, pending: int) -> None:
-    assert decide(True, age, pending) is TransactionState.COMMIT
-    expected = TransactionState.UNKNOWN if age < pending else TransactionState.ROLLBACK
-    assert decide(False, age, pending) is expected
+@given(st.sampled_from([None, TransactionState.COMMIT, TransactionState.ROLLBACK]),
+       st.integers(0, 10**7), st.integers(1, 10**7))
+def test_a_recorded_outcome_always_wins_and_a_missing_one_waits_out_its_window(
+        recorded: TransactionState | None, age: int, pending: int) -> None:
+    if recorded is not None:
+        assert decide(recorded, age, pending) is recorded
+    else:
+        expected = TransactionState.UNKNOWN if age < pending else TransactionState.ROLLBACK
+        assert decide(None, age, pending) is expected
+
+
+def _msg(uniq: str, born_ms: int) -> Message:
+    msg = new_message("T", uniq.encode())
+    msg.properties[Prop.UNIQ_KEY] = uniq
+    msg.born_timestamp = born_ms
+    return msg
+
+
+def test_an_old_unknown_id_is_fenced_so_a_late_commit_loses(tmp_path: Path) -> None:
+    clock = ManualClock(ms=100_000)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'f.db'}")
+    orders.metadata.create_all(engine)
+    tx = SqlTransactions(engine, pending_ms=30_000, clock=clock)
+    late = _msg("late", born_ms=100_000)
+    assert tx.check(late) is TransactionState.UNKNOWN  # may still be running: ask again
+    clock.advance(31)
+    assert tx.check(late) is TransactionState.ROLLBACK  # fenced
+    assert tx.run(record_order, late, "order-late") is TransactionState.ROLLBACK
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(orders.c.name)).all() == []  # its work rolled back
+    assert tx.check(late) is TransactionState.ROLLBACK  # and the answer stays
 
 
 def test_prune_forgets_only_old_ids(tmp_path: Path) -> None:
     clock = ManualClock(ms=1_000)
     tx = SqlTransactions(sa.create_engine(f"sqlite:///{tmp_path / 'p.db'}"), clock=clock)
     for name in ("a", "b"):
-        msg = new_message("T", name.encode())
-        msg.properties[Prop.UNIQ_KEY] = name
-        assert tx.run(lambda conn, m, arg: None, msg, None) is TransactionState.COMMIT
+        assert tx.run(lambda conn, m, arg: None, _msg(name, 0), None) is (
+            TransactionState.COMMIT)
         clock.advance(0.5)
     assert tx.prune(1_200) == 1
-    msg_a, msg_b = new_message("T", b""), new_message("T", b"")
-    msg_a.properties[Prop.UNIQ_KEY], msg_b.properties[Prop.UNIQ_KEY] = "a", "b"
-    msg_a.born_timestamp = msg_b.born_timestamp = 0
-    assert tx.check(msg_b) is TransactionState.COMMIT
-    assert tx.check(msg_a) is TransactionState.UNKNOWN  # born 2 s ago, inside the window
+    assert tx.check(_msg("b", 0)) is TransactionState.COMMIT
+    assert tx.recorded("a") is None
