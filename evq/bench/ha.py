@@ -22,7 +22,8 @@ import attrs
 import structlog
 
 from evq.bench.broker_process import BrokerProcess, broker_process
-from evq.bench.net import Producer, _check_backend, _scratch, create_topic, percentile
+from evq.bench.net import Producer, create_topic, percentile
+from evq.bench.scaffold import check_backend, scratch
 from evq.bench.store import BenchError, Workload
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
@@ -74,13 +75,13 @@ class HABenchResult:
 
 
 def run_ha_bench(opts: HABenchOptions) -> HABenchResult:
-    _check_backend(opts.backend)
+    check_backend(opts.backend)
     return run(_run(opts))
 
 
 async def _run(opts: HABenchOptions) -> HABenchResult:
     figures = []
-    with _scratch(opts.data) as run_dir:
+    with scratch(opts.data, "evq-bench-ha-") as run_dir:
         for n, setup in enumerate(SETUPS):
             figures.append(await _measure(opts, setup, run_dir / f"setup{n}"))
     return HABenchResult(backend=opts.backend, messages=opts.messages, size=opts.size,

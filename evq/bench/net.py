@@ -27,12 +27,9 @@ per message the broker process and this client process spent, which says which s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,7 @@ from tqdm import tqdm
 
 from evq.backends import registry
 from evq.bench.broker_process import BrokerProcess, broker_process
+from evq.bench.scaffold import check_backend, progress, scratch
 from evq.bench.store import BenchError, Workload
 from evq.domain.codes import ResponseCode
 from evq.domain.message import Message, encode_properties
@@ -357,29 +355,9 @@ async def fixed_rate(producer: Producer, indices: range, rate: int,
 # --- the run --------------------------------------------------------------------------------
 
 
-def _bar(opts: NetBenchOptions, desc: str, total: int) -> tqdm[Any]:
-    return tqdm(total=total, desc=desc, unit="msg", unit_scale=True, file=sys.stderr,
-                disable=not opts.progress, leave=False, dynamic_ncols=True)
-
-
-@contextlib.contextmanager
-def _scratch(parent: Path | None) -> Iterator[Path]:
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="evq-bench-net-", dir=parent,
-                                     ignore_cleanup_errors=True) as path:
-        yield Path(path)
-
-
-def _check_backend(name: str) -> None:
-    if name not in registry.BACKENDS:
-        known = ", ".join(sorted(registry.BACKENDS))
-        raise registry.UnknownBackend(f"unknown backend {name!r} (known: {known})")
-
-
 def run_net_bench(opts: NetBenchOptions) -> NetBenchResult:
     """Start a broker child, run every phase once against it, stop it; the figures."""
-    _check_backend(opts.backend)
+    check_backend(opts.backend)
     return run(_run(opts))
 
 
@@ -390,7 +368,7 @@ async def _run(opts: NetBenchOptions) -> NetBenchResult:
     body = workload.size * b"\x5a"
     phases = [range(k * n, (k + 1) * n) for k in range(PRODUCE_PHASES)]
     latency_indices = range(PRODUCE_PHASES * n, workload.messages)
-    with _scratch(opts.data) as run_dir:
+    with scratch(opts.data, "evq-bench-net-") as run_dir:
         async with (
             broker_process(opts.backend, run_dir / "broker",
                            settings=opts.broker_settings()) as broker,
@@ -406,7 +384,7 @@ async def _run(opts: NetBenchOptions) -> NetBenchResult:
                             work: Callable[[tqdm[Any]], Awaitable[int | None]]) -> PhaseCost:
                 nonlocal settled
                 settled += await broker.settle(SETTLE_MAX_S)
-                with _bar(opts, name, total) as bar:
+                with progress(opts.progress, name, total) as bar:
                     cost = await timed(broker, total, lambda: work(bar))
                 log.info("bench_phase_done", phase=name, seconds=round(cost.wall, 3))
                 return cost
@@ -427,7 +405,7 @@ async def _run(opts: NetBenchOptions) -> NetBenchResult:
             if consume.messages != sum(ends):
                 raise BenchError(f"consumed {consume.messages} of {sum(ends)} messages")
             settled += await broker.settle(SETTLE_MAX_S)
-            with _bar(opts, f"latency at {opts.rate}/s", len(latency_indices)) as bar:
+            with progress(opts.progress, f"latency at {opts.rate}/s", len(latency_indices)) as bar:
                 latencies = await fixed_rate(producer, latency_indices, opts.rate, bar)
             broker.check_alive()
 

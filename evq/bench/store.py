@@ -40,7 +40,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -53,6 +52,7 @@ from tqdm import tqdm
 
 from evq.backends import registry
 from evq.backends.config import StoreConfig
+from evq.bench.scaffold import check_backend, progress, scratch
 from evq.domain.log import FlushMode, GetStatus, MessageLog
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import PutRecord, put_record
@@ -558,32 +558,6 @@ def sync_coroutines(
 # --- the run --------------------------------------------------------------------------------
 
 
-def _bar(opts: StoreBenchOptions, desc: str, total: int) -> tqdm[Any]:
-    return tqdm(
-        total=total, desc=desc, unit="msg", unit_scale=True, file=sys.stderr,
-        disable=not opts.progress, leave=False, dynamic_ncols=True,
-    )
-
-
-def _check_backend(name: str) -> None:
-    if name not in registry.BACKENDS:
-        # The registry words the refusal (it lists the valid names); it raises before the
-        # path is touched.
-        registry.open_log(name, os.devnull)
-        raise registry.UnknownBackend(f"unknown backend {name!r}")  # pragma: no cover
-
-
-@contextlib.contextmanager
-def _scratch(parent: Path | None) -> Iterator[Path]:
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="evq-bench-", dir=parent))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 @contextlib.contextmanager
 def _phase_dir(run: Path, name: str) -> Iterator[Path]:
     path = run / name
@@ -596,15 +570,15 @@ def _phase_dir(run: Path, name: str) -> Iterator[Path]:
 
 def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
     """Run every phase once and return the figures."""
-    _check_backend(opts.backend)
+    check_backend(opts.backend)
     config = opts.store_config()  # validates the segment size before the long encoding pass
     workload = Workload(opts.messages, opts.size)
     durable = opts.flush is FlushMode.SYNC_FLUSH
     n = opts.messages
-    with _scratch(opts.data) as run:
+    with scratch(opts.data) as run:
         log.info("bench_started", backend=opts.backend, messages=n, size=opts.size,
                  scratch=str(run))
-        with _bar(opts, "encode", n) as bar:
+        with progress(opts.progress, "encode", n) as bar:
             spool = Spool.write(run / "records.spool", workload, bar)
         record_bytes = spool.total_bytes / n
         limit = min(config.max_message_size, config.commitlog_segment_size - 8)
@@ -612,7 +586,7 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             raise BenchError(f"records of {record_bytes:.0f} bytes exceed the store's limit "
                              f"of {limit} bytes; lower --size or raise --segment-size")
 
-        with _phase_dir(run, "floor") as work, _bar(opts, "floor", n) as bar:
+        with _phase_dir(run, "floor") as work, progress(opts.progress, "floor", n) as bar:
             floor = measure_floor(spool, work, bar)
         log.info("bench_phase_done", phase="floor", seconds=round(floor.wall, 3))
 
@@ -622,11 +596,11 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             registry.open_log(opts.backend, work / "store", config) as store,
         ):
             settled += settle()
-            with _bar(opts, f"append x{opts.batch}", n) as bar:
+            with progress(opts.progress, f"append x{opts.batch}", n) as bar:
                 append = append_batches(store, spool, opts.batch, bar, durable=durable)
             check_appended(store, n, "append")
             log.info("bench_phase_done", phase="append", seconds=round(append.wall, 3))
-            with _bar(opts, "read", n) as bar:
+            with progress(opts.progress, "read", n) as bar:
                 read_count, read_s = read_all(store, bar)
             if read_count != n:
                 raise BenchError(f"read: got {read_count} of {n} messages back")
@@ -641,12 +615,12 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
             registry.open_log(opts.backend, work / "store", config) as store,
         ):
             settled += settle()
-            with _bar(opts, "append x1", n) as bar:
+            with progress(opts.progress, "append x1", n) as bar:
                 single = append_single(store, spool, bar, durable=durable)
             check_appended(store, n, "single append")
             log.info("bench_phase_done", phase="single", seconds=round(single.wall, 3))
 
-        with _phase_dir(run, "recovery") as work, _bar(opts, "crash child", n) as bar:
+        with _phase_dir(run, "recovery") as work, progress(opts.progress, "crash child", n) as bar:
             recovery_s, recovered = measure_recovery(opts, spool, work, bar)
         log.info("bench_phase_done", phase="recovery", seconds=round(recovery_s, 3))
 

@@ -24,7 +24,7 @@ from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
-from evq.net.transport import Dispatcher, RemotingClient, TransportError
+from evq.net.transport import Dispatcher, RemotingClient, TransportError, split_address
 
 log = structlog.get_logger(__name__)
 
@@ -94,12 +94,7 @@ class TopicRoute:
 
 def parse_addresses(namesrv: str) -> list[tuple[str, int]]:
     """``"h:p;h:p"`` into pairs; a clear error for anything else."""
-    out = []
-    for item in filter(None, (s.strip() for s in namesrv.split(";"))):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"name server address {item!r} is not host:port")
-        out.append((host, int(port)))
+    out = [split_address(item) for item in filter(None, (s.strip() for s in namesrv.split(";")))]
     if not out:
         raise ValueError("no name server address given")
     return out

@@ -20,7 +20,7 @@ from evq.domain.log import LogError, MessageLog
 from evq.ha.frames import ANSWER, Answer, FrameError, Transfer, TransferDecoder, encode_report
 from evq.ha.handshake import HandshakeError, follow, hello
 from evq.ha.log_window import LogWindow
-from evq.net.registration import split_address
+from evq.net.transport import split_address
 
 log = structlog.get_logger(__name__)
 

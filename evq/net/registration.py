@@ -30,21 +30,13 @@ from evq.net.register_broker import (
     RegisterResult,
     body_crc32,
 )
-from evq.net.transport import RemotingClient, TransportConfig, TransportError
+from evq.net.transport import RemotingClient, TransportConfig, TransportError, split_address
 
 log = structlog.get_logger(__name__)
 
 FIRST_DELAY = 10.0
 PERIOD = 30.0  # registerNameServerPeriod
 TIMEOUT = 6.0  # registerBrokerTimeoutMills
-
-
-def split_address(addr: str) -> tuple[str, int]:
-    """``"host:port"`` -> ``(host, port)``; ValueError naming the address otherwise."""
-    host, sep, port = addr.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not a host:port address: {addr!r}")
-    return host, int(port)
 
 
 @attrs.define(slots=True)

@@ -134,6 +134,14 @@ class RequestTimeout(TransportError):
     """No answer within the caller's timeout; the pending request is dropped."""
 
 
+def split_address(addr: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)``; ValueError naming the address otherwise."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a host:port address: {addr!r}")
+    return host, int(port)
+
+
 class Dispatcher:
     """The handler table of one side of a connection, and RocketMQ's rules for its failures."""
 

@@ -25,8 +25,7 @@ from evq.ha.log_window import LogWindow
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
-from evq.net.registration import split_address
-from evq.net.transport import RemotingClient, TransportError
+from evq.net.transport import RemotingClient, TransportError, split_address
 from tests.processes import Running, running_evq
 
 HOST = "127.0.0.1"

@@ -22,9 +22,9 @@ from evq.net.codes import RequestCode, Version
 from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity, RegisterBrokerBody, body_crc32
-from evq.net.registration import BrokerRegistrar, split_address
+from evq.net.registration import BrokerRegistrar
 from evq.net.routes import ORDER_TOPIC_CONFIG
-from evq.net.transport import Connection, Dispatcher, RemotingClient, RemotingServer
+from evq.net.transport import Connection, Dispatcher, RemotingClient, RemotingServer, split_address
 from tests.net.harness import HOST, TIMEOUT, eventually
 
 T = TopicConfig(topic_name="T", read_queue_nums=4, write_queue_nums=2)

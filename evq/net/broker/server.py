@@ -31,7 +31,7 @@ from evq.net.codes import RequestCode
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
-from evq.net.registration import BrokerRegistrar, split_address
+from evq.net.registration import BrokerRegistrar
 from evq.net.transport import (
     Connection,
     Dispatcher,
@@ -39,6 +39,7 @@ from evq.net.transport import (
     RemotingServer,
     TransportConfig,
     TransportError,
+    split_address,
 )
 from evq.settings import Settings
 

@@ -1,0 +1,40 @@
+"""What every ``evq bench`` shares: the backend check, the scratch directory it removes, and
+its progress bars (stderr, so ``--json`` output stays one clean line)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from evq.backends import registry
+
+
+def check_backend(name: str) -> None:
+    """Refuse an unknown backend before anything is created, naming the valid ones."""
+    if name not in registry.BACKENDS:
+        known = ", ".join(sorted(registry.BACKENDS))
+        raise registry.UnknownBackend(f"unknown backend {name!r}; choose one of: {known}")
+
+
+@contextlib.contextmanager
+def scratch(parent: Path | None, prefix: str = "evq-bench-") -> Iterator[Path]:
+    """A fresh directory under ``parent`` (the system's temp dir if None), removed after."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def progress(enabled: bool, desc: str, total: int) -> tqdm[Any]:
+    return tqdm(total=total, desc=desc, unit="msg", unit_scale=True, file=sys.stderr,
+                disable=not enabled, leave=False, dynamic_ncols=True)
