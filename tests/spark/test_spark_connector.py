@@ -155,3 +155,29 @@ def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[s
                                             named: str) -> None:
     with pytest.raises(Exception, match=f"evq option '{named}'"):
         read(spark, **options)
+
+
+def test_latest_offset_serves_both_spark_signatures(live: Served) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from evq.spark.options import offsets_from_json, parse_source
+    from evq.spark.schema import BASE_SCHEMA
+    from evq.spark.source import EvqStreamReader
+
+    produce(live.namesrv, "SpSig", 20)
+    opts = parse_source({"namesrv": live.namesrv, "topic": "SpSig",
+                         "startingOffsets": "earliest", "maxMessagesPerTrigger": "8"},
+                        streaming=True)
+    reader = EvqStreamReader(opts, BASE_SCHEMA)  # type: ignore[arg-type]
+
+    def total(doc: dict[str, object]) -> int:
+        return sum(offsets_from_json(doc).values())  # type: ignore[arg-type]
+
+    start = reader.initialOffset()
+    assert total(start) == 0
+    # Spark 4.0: no arguments; each call goes on from the last end, 8 messages at a time.
+    assert [total(reader.latestOffset()) for _ in range(4)] == [8, 16, 20, 20]
+    # Spark 4.2+: the engine's start and limit win over the option.
+    assert total(reader.latestOffset(start, ReadMaxRows(5))) == 5
+    assert total(reader.latestOffset(start, ReadAllAvailable())) == 20
+    assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
