@@ -159,16 +159,16 @@ def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[s
 
 def test_latest_offset_serves_both_spark_signatures(live: Served) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+    from pyspark.sql.types import StructType
 
     from evq.spark.options import offsets_from_json, parse_source
-    from evq.spark.schema import BASE_SCHEMA
     from evq.spark.source import EvqStreamReader
 
     produce(live.namesrv, "SpSig", 20)
     opts = parse_source({"namesrv": live.namesrv, "topic": "SpSig",
                          "startingOffsets": "earliest", "maxMessagesPerTrigger": "8"},
                         streaming=True)
-    reader = EvqStreamReader(opts, BASE_SCHEMA)  # type: ignore[arg-type]
+    reader = EvqStreamReader(opts, StructType())
 
     def total(doc: dict[str, object]) -> int:
         return sum(offsets_from_json(doc).values())  # type: ignore[arg-type]
@@ -181,3 +181,24 @@ def test_latest_offset_serves_both_spark_signatures(live: Served) -> None:
     assert total(reader.latestOffset(start, ReadMaxRows(5))) == 5
     assert total(reader.latestOffset(start, ReadAllAvailable())) == 20
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
+
+
+def test_starting_at_a_timestamp_skips_what_was_stored_before(live: Served) -> None:
+    import time
+
+    from pyspark.sql.types import StructType
+
+    from evq.spark.options import parse_source
+    from evq.spark.source import EvqBatchReader
+
+    produce(live.namesrv, "SpTime", 10)
+    time.sleep(0.05)
+    cut = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    produce(live.namesrv, "SpTime", 7, start=10)
+    reader = EvqBatchReader(parse_source({"namesrv": live.namesrv, "topic": "SpTime",
+                                          "startingOffsets": f"timestamp:{cut}"},
+                                         streaming=False), StructType())
+    parts = reader.partitions()
+    rows = [row for p in parts for row in reader.read(p)]
+    assert sorted(int(r[9]) for r in rows) == list(range(10, 17))  # body column
