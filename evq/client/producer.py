@@ -153,14 +153,20 @@ class Producer:
         return self._faults
 
     async def refresh_routes(self) -> None:
-        """Re-read every route in use (done every ``route_refresh_s`` after start)."""
-        await self._started()[0].refresh()
+        """Re-read every route in use (done every ``route_refresh_s`` after start), and
+        greet a master the routes name for the first time: it may hold halves to check."""
+        routes, _ = self._started()
+        await routes.refresh()
+        await self.heartbeat(only_new=True)
 
-    async def heartbeat(self) -> None:
-        """Tell every known master this producer of ``group`` is alive (a failure is logged:
-        the next round or the next send tries again)."""
+    async def heartbeat(self, *, only_new: bool = False) -> None:
+        """Tell every known master (or only those not greeted yet) this producer of
+        ``group`` is alive; a failure is logged: the next round or the next send tries
+        again."""
         routes, _ = self._started()
         for addr in routes.masters():
+            if only_new and addr in self._greeted:
+                continue
             try:
                 await self._heartbeat_to(addr)
             except (BrokerRefused, TransportError) as exc:
