@@ -88,6 +88,8 @@ class HASlave:
                         LogError, TimeoutError, ValueError) as exc:
                     log.warning("ha_master_lost", master=addr,
                                 error=str(exc) or type(exc).__name__)
+                except Exception:  # a slave that stops following is worse than one that retries
+                    log.exception("ha_session_failed", master=addr)
                 finally:
                     self.streaming = False
             await asyncio.sleep(self._backoff.next())
