@@ -84,8 +84,13 @@ class Group:
             "--log-level", "warning", "broker", "--config", str(self.config), "--port", "0",
             "--role", "SLAVE",
             "--broker-id", "1", "--master-ha", f"{HOST}:{self.ha_port}",
-            "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1))
+            "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1,
+            stderr=self.stack.enter_context((self.root / "slave.log").open("a"))))
         return self.slave
+
+    def slave_log(self) -> str:
+        """The slave's own log (stderr), for the message of a failed assertion."""
+        return (self.root / "slave.log").read_text()[-4000:]
 
     def kill_master(self) -> None:
         assert self.master is not None

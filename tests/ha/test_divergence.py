@@ -46,7 +46,7 @@ def test_forked_slave_is_cut_back_and_follows_its_master(tmp_path: Path) -> None
         group.start_slave()
         wait_caught_up(group)
         assert group.master.stop() == 0
-        assert group.slave is not None and group.slave.stop() == 0
+        assert group.slave is not None and group.slave.stop() == 0, group.slave_log()
     master = read_store(tmp_path / "master", TOPIC)
     slave = read_store(tmp_path / "slave", TOPIC)
     assert len(forked.raw) > len(master.raw)  # the slave had bytes to drop, not only to add

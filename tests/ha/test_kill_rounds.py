@@ -114,7 +114,7 @@ def test_sync_master_loses_no_acknowledged_message_through_kills(tmp_path: Path)
         wait_caught_up(group)
         assert group.master is not None and group.slave is not None
         assert group.master.stop() == 0
-        assert group.slave.stop() == 0
+        assert group.slave.stop() == 0, group.slave_log()
     master = read_store(tmp_path / "master", TOPIC)
     slave = read_store(tmp_path / "slave", TOPIC)
     print(f"{len(acked)} acknowledged sends over {ROUNDS} kills")
@@ -142,7 +142,7 @@ def test_async_master_loses_at_most_what_the_slave_lacked_at_the_kill(tmp_path: 
                                         restart_last=False))
         slave_end = asyncio.run(log_end(group.slave_addr))
         assert group.slave is not None
-        assert group.slave.stop() == 0
+        assert group.slave.stop() == 0, group.slave_log()
     slave = read_store(tmp_path / "slave", TOPIC)
     master = read_store(tmp_path / "master", TOPIC)
     check_store(master.queues, acked)  # SIGKILL keeps the page cache: the master has all
