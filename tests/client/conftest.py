@@ -10,44 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 
 import pytest
 
-from evq.client.errors import RouteNotFound
-from evq.client.routes import Routes
-from evq.domain import topics as tp
 from evq.net.transport import new_event_loop
-from tests.compat.conftest import Served, served
+from tests.compat.conftest import Served, served, wait_registered
 
 __all__ = ["Served", "cluster", "served", "wait_registered"]
 
 TEST_TIME_LIMIT = 60.0
-REGISTRATION_WAIT_S = 20.0
-
-
-async def _registered(namesrv: str) -> bool:
-    routes = Routes(namesrv)
-    try:
-        await routes.lookup(tp.AUTO_CREATE_TOPIC)
-        return True
-    except RouteNotFound:
-        return False
-    finally:
-        await routes.close()
-
-
-def wait_registered(namesrv: str) -> None:
-    deadline = time.monotonic() + REGISTRATION_WAIT_S
-    while not asyncio.run(_registered(namesrv)):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the broker never registered with the name server")
-        time.sleep(0.1)
 
 
 @pytest.fixture
 def cluster(served: Served) -> Served:
-    wait_registered(served.namesrv)
+    """``served``, which already waits for the broker's first registration."""
     return served
 
 
