@@ -31,7 +31,8 @@ class ConsumeQueue:
     def __init__(self, topic: str, queue_id: int, directory: Path, entries_per_segment: int):
         self.topic = topic
         self.queue_id = queue_id
-        self.files = MappedFileQueue(directory, entries_per_segment * ENTRY_SIZE)
+        self.files = MappedFileQueue(directory, entries_per_segment * ENTRY_SIZE,
+                                     random_access=True)
         self.min_offset = 0
         self._last: MappedFile | None = None
 

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from evq.backends.mmapfile.mapped_file import MappedFile, prefault
+from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, prefault
 from evq.domain.hashing import index_key_hash
 
 HEADER = struct.Struct(">qqqqii")
@@ -60,12 +60,17 @@ class IndexFile:
         "slot", "slots", "slots_used",
     )
 
-    def __init__(self, path: Path, slots: int, max_entries: int, *, create: bool):
+    def __init__(
+        self, path: Path, slots: int, max_entries: int, *, create: bool,
+        file: MappedFile | None = None,
+    ):
+        """``file``: the mapped file at ``path`` if it is already open (pre-built)."""
         self.slots = slots
         self.max_entries = max_entries
         self.base = HEADER_SIZE + slots * SLOT_SIZE  # where entry 0 sits
         size = index_file_size(slots, max_entries)
-        self.file = MappedFile(path, 0, size, create=create)
+        self.file = file if file is not None else MappedFile(path, 0, size, create=create)
+        self.file.advise_random()
         self.slot = memoryview(self.file.mm)[HEADER_SIZE : self.base].cast("i")
         if create:
             prefault(self.file.mm, self.base)  # slots are written at random
@@ -220,14 +225,29 @@ class IndexFile:
         self.file.destroy()
 
 
-class IndexService:
-    """The index directory: files filled in creation order, searched newest first."""
+SPARE_AT = 0.75
+"""Share of the current file's entries in use when the next file is pre-built."""
 
-    def __init__(self, directory: Path, slots: int, max_entries: int):
+
+class IndexService:
+    """The index directory: files filled in creation order, searched newest first.
+
+    With an :class:`Allocator`, the next file is built in the background before it is needed:
+    creating one and faulting its slot table in (20 MB at RocketMQ's 5 million slots) takes
+    about 0.1 s, which would otherwise stall every writer at the first append and at each
+    roll-over.
+    """
+
+    def __init__(
+        self, directory: Path, slots: int, max_entries: int, allocator: Allocator | None = None
+    ):
         self.directory = directory
         self.slots = slots
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
+        self._allocator = allocator
+        self._spare: Path | None = None  # the pre-built (or being built) next file
+        self._spare_at = max(1, int(max_entries * SPARE_AT))
 
     def load(self) -> None:
         if self.directory.is_dir():
@@ -250,6 +270,8 @@ class IndexService:
         while True:
             done = f.put(items, store_ts)
             if done == len(items):
+                if f.count >= self._spare_at:
+                    self.prepare(store_ts)
                 return
             if done:
                 items = items[done:]
@@ -260,13 +282,30 @@ class IndexService:
             else:
                 f = self._new_file(store_ts)
 
-    def _new_file(self, now_ms: int) -> IndexFile:
+    def prepare(self, now_ms: int) -> None:
+        """Have the next file built if none is yet and the current one is (nearly) full."""
+        if self._allocator is None or self._spare is not None:
+            return
+        if self.files and self.files[-1].count < self._spare_at:
+            return
+        self._spare = self._free_path(now_ms)
+        self._allocator.build(self._spare, 0, index_file_size(self.slots, self.max_entries),
+                              warm=HEADER_SIZE + self.slots * SLOT_SIZE)
+
+    def _free_path(self, ms: int) -> Path:
+        """A file name after every existing one (names are creation times)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        ms = now_ms
         while (self.directory / index_file_name(ms)).exists():
             ms += 1
-        f = IndexFile(self.directory / index_file_name(ms), self.slots, self.max_entries,
-                      create=True)
+        return self.directory / index_file_name(ms)
+
+    def _new_file(self, now_ms: int) -> IndexFile:
+        path, self._spare = self._spare or self._free_path(now_ms), None
+        mf = None
+        if self._allocator is not None:
+            size = index_file_size(self.slots, self.max_entries)
+            mf = self._allocator.take(path, 0, size, successor=False)
+        f = IndexFile(path, self.slots, self.max_entries, create=True, file=mf)
         self.files.append(f)
         return f
 

@@ -113,7 +113,8 @@ class MmapMessageLog(MessageLog):
         self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator)
-        self._index = IndexService(root / "index", config.index_slots, config.index_entries)
+        self._index = IndexService(root / "index", config.index_slots, config.index_entries,
+                                   self._allocator)
         self._checkpoint: Checkpoint | None = None
         self._flusher: Flusher | None = None
         self._cleaner: threading.Thread | None = None
@@ -170,6 +171,7 @@ class MmapMessageLog(MessageLog):
             self._log.new_segment(0)
         else:
             self._allocator.prefetch(last)
+        self._index.prepare(self._clock.now_ms())
         self._flusher = Flusher(
             self.config, written=lambda: self.max_physical_offset, flush_log=self._flush_log,
             flush_projections=self._flush_projections, durable=self.max_physical_offset,
