@@ -215,6 +215,45 @@ def test_index_finds_every_key_newest_first_across_collisions_and_files(
         service.close()
 
 
+def test_the_next_index_file_is_built_before_it_is_needed(tmp_path: Path) -> None:
+    """With an allocator the service asks for a file up front and again once the current one
+    is three quarters full; each is the file the following put writes to, and one never used
+    is gone when the allocator closes."""
+    allocator = Allocator(warm=False)
+    service = IndexService(tmp_path / "index", 7, 20, allocator)
+    try:
+        service.prepare(TS)
+        first = _built(allocator, tmp_path / "index")
+        service.put([(_hashes("a"), 0)], TS)
+        assert service.files[-1].path == first
+        service.put([(_hashes(*KEYS), 100)], TS)  # 14 of 20 entries: under three quarters
+        assert _built(allocator, tmp_path / "index") == first
+        service.put([(_hashes("b"), 200)], TS + 1)  # 15: the next file is asked for
+        second = _built(allocator, tmp_path / "index", after=first)
+        service.put([(_hashes(*KEYS), 300)], TS + 2)  # does not fit: the next file starts
+        assert service.files[-1].path == second
+        assert service.lookup("T", "b", 0, TS + 1000, 10) == [200]
+        service.put([(_hashes(*KEYS[:4]), 400)], TS + 3)  # 17 of 20: asks for a third
+        third = _built(allocator, tmp_path / "index", after=second)
+    finally:
+        allocator.close()
+        service.close()
+    assert not third.exists()  # never written to: not part of the index
+
+
+def _built(allocator: Allocator, directory: Path, after: Path | None = None) -> Path:
+    """The newest file in ``directory`` once the allocator has built it (``after``: a newer
+    one than that)."""
+    for _ in range(200):
+        with allocator._lock:
+            busy = bool(allocator._build)
+        names = sorted(directory.iterdir())
+        if not busy and names and (after is None or names[-1] != after):
+            return names[-1]
+        threading.Event().wait(0.01)
+    raise AssertionError(f"no file built in {directory}")
+
+
 def test_index_slots_are_little_endian_entry_numbers(tmp_path: Path) -> None:
     service = _service(tmp_path, slots=1009, entries=100)
     (h,) = _hashes("order-1")
