@@ -181,8 +181,14 @@ class Allocator:
     appends never wait for a file to be created or a page to be faulted in.
     """
 
-    def __init__(self, *, warm: bool = True):
+    def __init__(self, *, warm: bool = True, allocate_blocks: bool = False):
+        """``allocate_blocks``: also write the warmed pages back once, as RocketMQ's warm-up
+        does under SYNC_FLUSH.  An msync that lands on blocks the file system has yet to
+        allocate commits its journal as well: here 0.4-0.6 ms (p90 3-4 ms) for a group
+        commit's 19 KB, against 0.2 ms onto blocks already written.  It costs the writer a
+        light fault per page (the pages are clean again) and the disk a write of zeros."""
         self._warm = warm
+        self._allocate_blocks = allocate_blocks
         self._lock = threading.Condition()
         self._build: dict[Path, tuple[int, int, int]] = {}  # path -> start, size, warm
         self._to_warm: list[tuple[MappedFile, int, int]] = []
@@ -252,7 +258,7 @@ class Allocator:
             if warm is not None:
                 mf, offset, size = warm
                 with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                    prefault(mf.mm, size, offset)
+                    self._fault_in(mf.mm, offset, size)
                 continue
             assert job is not None
             path, (start, size, warm_bytes) = job
@@ -262,12 +268,17 @@ class Allocator:
             except OSError as exc:
                 log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
             if mf_new is not None and self._warm:
-                prefault(mf_new.mm, min(size, warm_bytes))
+                self._fault_in(mf_new.mm, 0, min(size, warm_bytes))
             with self._lock:
                 self._build.pop(path, None)
                 if mf_new is not None:
                     self._ready[path] = mf_new
                 self._lock.notify_all()
+
+    def _fault_in(self, mm: mmap.mmap, offset: int, size: int) -> None:
+        if prefault(mm, size, offset) and self._allocate_blocks:
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            msync(mm, start, offset + size - start)
 
     def close(self) -> None:
         with self._lock:

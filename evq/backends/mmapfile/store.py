@@ -48,6 +48,7 @@ from evq.domain.log import (
     DispatchCallback,
     Dispatched,
     ExpiryReport,
+    FlushMode,
     GetStatus,
     KeyQueryResult,
     LogClosed,
@@ -109,7 +110,8 @@ class MmapMessageLog(MessageLog):
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._dispatched = 0  # log offset up to which projections are applied
         self._lock_fd = -1
-        self._allocator = Allocator(warm=config.warm_segments)
+        self._allocator = Allocator(warm=config.warm_segments,
+                                    allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
         self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator)
