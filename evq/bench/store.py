@@ -12,7 +12,7 @@ One run measures, each phase on a fresh store directory under a scratch director
 * **sync**: ``producers`` threads each looping ``append([record])`` + ``wait_durable`` on a
   SYNC_FLUSH store (group commit), then the same with ``producers`` coroutines on one event
   loop awaiting durability through one ``on_durable`` request a flush round
-  (:class:`DurableWaker`, how the network broker waits).
+  (:class:`~evq.net.durable.DurableWaker`, as the network broker waits).
 
 Records are encoded once with :func:`~evq.domain.record.put_record` before anything is timed
 and spooled to disk in pickled chunks, so every phase appends the very same bytes without
@@ -56,6 +56,7 @@ from evq.bench.scaffold import check_backend, progress, scratch
 from evq.domain.log import FlushMode, GetStatus, MessageLog
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import PutRecord, put_record
+from evq.net.durable import DurableWaker
 
 log = structlog.get_logger(__name__)
 
@@ -473,61 +474,6 @@ def sync_producers(
     if errors:
         raise BenchError(f"a sync producer failed: {errors[0]!r}") from errors[0]
     return seconds, sum(timeouts)
-
-
-class DurableWaker:
-    """Awaits durability for many coroutines of one event loop with at most one
-    :meth:`~evq.domain.log.MessageLog.on_durable` request outstanding.
-
-    A flush round covers everything appended before it started, so one request for the
-    highest waiting offset settles every waiter at once: the flusher calls back and wakes the
-    loop once per round instead of once per message, and each waiter costs the loop a future
-    and a list entry.  Waiters that came after the request are covered by the next one, made
-    when this one settles.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, store: MessageLog, timeout: float):
-        self._loop = loop
-        self._store = store
-        self._timeout = timeout
-        self._waiting: list[tuple[int, float, asyncio.Future[bool]]] = []
-        self._requested = False
-
-    def wait(self, end_offset: int) -> asyncio.Future[bool]:
-        """A future that becomes True once the log is durable up to ``end_offset``, False
-        if that takes longer than the timeout."""
-        fut: asyncio.Future[bool] = self._loop.create_future()
-        self._waiting.append((end_offset, self._loop.time() + self._timeout, fut))
-        if not self._requested:
-            self._request()
-        return fut
-
-    def _request(self) -> None:
-        self._requested = True
-        end = max(e for e, _, _ in self._waiting)
-        timeout = max(0.0, min(d for _, d, _ in self._waiting) - self._loop.time())
-        loop, settle = self._loop, self._settle
-        self._store.on_durable(
-            end, lambda ok: loop.call_soon_threadsafe(settle, end, ok), timeout
-        )
-
-    def _settle(self, end: int, ok: bool) -> None:
-        self._requested = False
-        durable = self._store.durable_offset
-        if ok:  # durable as far as the flush policy asks, even if the disk lags (ASYNC_FLUSH)
-            durable = max(durable, end)
-        now = self._loop.time()
-        keep = []
-        for item in self._waiting:
-            end_offset, deadline, fut = item
-            if end_offset <= durable or now >= deadline:
-                if not fut.done():
-                    fut.set_result(end_offset <= durable)
-            else:
-                keep.append(item)
-        self._waiting = keep
-        if keep:
-            self._request()
 
 
 def sync_coroutines(

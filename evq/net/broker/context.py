@@ -14,6 +14,7 @@ from evq.domain.log import PutStatus
 from evq.domain.membership import GroupMembership
 from evq.domain.message import Host
 from evq.embedded import Broker as Engine
+from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
 
 _T = TypeVar("_T")
@@ -25,7 +26,7 @@ class BrokerContext:
     membership: GroupMembership
     holds: PullHolds
     loop: asyncio.AbstractEventLoop
-    sync_flush: bool = False  # acknowledge sends only once the log is on disk
+    durable: DurableWaker | None = None  # SYNC_FLUSH: acknowledge sends once on disk
     topics_changed: Callable[[], None] = lambda: None  # re-register with the name servers
     # SYNC_MASTER: (log end offset, timeout s) -> whether a slave holds it (see evq.ha.master)
     replicated: Callable[[int, float], Awaitable[PutStatus]] | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 
 from evq.domain import sysflag as sf
@@ -68,17 +67,11 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
 
 
 async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
-    """Wait for the flush policy without blocking the loop (group commit via on_durable).
-    Under ASYNC_FLUSH there is nothing to wait for, and no thread hop is paid."""
-    if not result.ok or not ctx.sync_flush:
+    """Wait for the flush policy without blocking the loop (group commit, one flusher request
+    a round).  Under ASYNC_FLUSH there is nothing to wait for, and no thread hop is paid."""
+    if not result.ok or ctx.durable is None:
         return result
-    future: asyncio.Future[bool] = ctx.loop.create_future()
-
-    def done(ok: bool) -> None:
-        ctx.loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
-
-    ctx.core.log.on_durable(result.end_offset, done, ctx.core.config.sync_flush_timeout_ms / 1000)
-    if await future:
+    if await ctx.durable.wait(result.end_offset):
         return result
     return SendResult(PutStatus.FLUSH_DISK_TIMEOUT, result.topic, result.queue_id,
                       result.appended)

@@ -28,6 +28,7 @@ from evq.ha.slave import HASlave
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.context import BrokerContext
 from evq.net.codes import RequestCode
+from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
@@ -120,8 +121,10 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         holds = PullHolds(loop)
         self._closers.append(engine.core.log.subscribe_dispatch(holds.on_dispatch))
+        durable = (DurableWaker(loop, engine.core.log, store_config.sync_flush_timeout_ms / 1000)
+                   if store_config.flush is FlushMode.SYNC_FLUSH else None)
         ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
-                            sync_flush=store_config.flush is FlushMode.SYNC_FLUSH)
+                            durable=durable)
         engine.transactions.port = CheckBack(ctx)
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
