@@ -9,7 +9,7 @@ here as pure functions over explicit inputs, and each backend supplies only the 
 * what a pull answers: the status for an offset outside ``[min, max)``, the bounded scan of
   queue entries with tag filtering, ``max_count`` and ``max_bytes``, and the next offset
   (:func:`read_queue`);
-* offset-for-time: a binary search over store times that never decrease within a queue
+* offset-for-time: a search over store times that never decrease within a queue
   (:func:`first_at_or_after`);
 * key queries: candidates from an index, checked against the records themselves (topic, key,
   store time within ``[begin, end]``), newest first, asking the index for more candidates when
@@ -207,8 +207,50 @@ def read_queue(
 
 def first_at_or_after(lo: int, hi: int, timestamp_ms: int, store_time: Callable[[int], int]) -> int:
     """The first queue offset in ``[lo, hi)`` stored at or after ``timestamp_ms`` (``hi`` if
-    none).  Store times never decrease along a queue, so this is a binary search;
-    ``store_time`` answers -1 for an offset without a record, which sorts it first."""
+    none); ``store_time`` answers -1 for an offset without a record, which sorts it first.
+
+    Store times never decrease along a queue, so a binary search would do, but each probe is a
+    record read and a binary search over a million entries makes twenty.  A queue written at a
+    steady rate has store times close to linear in the offset, so the search probes the queue's
+    two ends, interpolates where the time falls between them, and gallops from there (1, 2, 4,
+    ... entries) until it brackets the answer, which it then halves: the reads grow with how far
+    the estimate missed, not with the queue's length.  A badly shaped queue (a burst after a long
+    pause) costs at most about twice a binary search.
+    """
+    if lo >= hi:
+        return lo
+    t_hi = store_time(hi - 1)
+    if t_hi < timestamp_ms:
+        return hi
+    hi -= 1  # answer in [lo, hi]: hi's time is known to be >= timestamp_ms
+    if lo == hi:
+        return lo
+    t_lo = store_time(lo)
+    if t_lo >= timestamp_ms:
+        return lo
+    # t_lo < timestamp_ms <= t_hi; with no record at the low end (expired) there is nothing
+    # to interpolate from, and the guess is the middle.
+    guess = ((lo + hi) // 2 if t_lo < 0
+             else lo + (timestamp_ms - t_lo) * (hi - lo) // (t_hi - t_lo))
+    lo += 1  # answer in [lo, hi]
+    guess = min(max(guess, lo), hi)
+    step = 1
+    if store_time(guess) >= timestamp_ms:
+        hi = guess
+        while hi - step >= lo:  # gallop down
+            if store_time(hi - step) < timestamp_ms:
+                lo = hi - step + 1
+                break
+            hi -= step
+            step *= 2
+    else:
+        lo = guess + 1
+        while lo + step - 1 < hi:  # gallop up
+            if store_time(lo + step - 1) >= timestamp_ms:
+                hi = lo + step - 1
+                break
+            lo += step
+            step *= 2
     while lo < hi:
         mid = (lo + hi) // 2
         if store_time(mid) >= timestamp_ms:

@@ -153,7 +153,7 @@ class ConsumeQueue:
         return count
 
     def offset_for_time(self, timestamp_ms: int, store_time: Callable[[int], int]) -> int:
-        """Binary search over store times (non-decreasing within a queue)."""
+        """Search over store times (non-decreasing within a queue)."""
 
         def time_at(qo: int) -> int:
             e = self.entry(qo)
