@@ -1,5 +1,5 @@
-"""``evq admin`` against a real ``evq serve``: every command through ``--json``, the failures'
-exit status and one-line reasons, and one human table."""
+"""``evq admin`` against a real name server and broker: every command through ``--json``, the
+failures' exit status and one-line reasons, and one human table."""
 
 from __future__ import annotations
 
