@@ -328,6 +328,9 @@ class Producer:
         }
         if batch:
             fields["m"] = True
+        if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
+            # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
+            fields["l"] = int(first.properties[Prop.MAX_RECONSUME_TIMES])
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         return RemotingCommand.request(code, fields, body)
 
