@@ -12,7 +12,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from evq.client.producer import Producer, SendResult
+from evq.client.producer import Producer, QueueSelector, SendResult
 from evq.client.transactions import (
     TransactionListener,
     TransactionProducer,
@@ -59,8 +59,9 @@ class SyncProducer:
     def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         return self._thread.run(self._producer.send_batch(msgs))
 
-    def send_orderly(self, msg: Message, key: str) -> SendResult:
-        return self._thread.run(self._producer.send_orderly(msg, key))
+    def send_orderly(self, msg: Message, key: str,
+                     selector: QueueSelector | None = None) -> SendResult:
+        return self._thread.run(self._producer.send_orderly(msg, key, selector))
 
     def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
         return self._thread.run(self._producer.send_to_queue(msg, queue_id))

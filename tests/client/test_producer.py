@@ -1,10 +1,12 @@
-"""Producer and pull consumer against a real ``evq serve``: sends of every kind read back."""
+"""Producer and pull consumer against a real name server and broker: sends of every kind read
+back."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import zlib
+from collections.abc import Sequence
 
 import pytest
 
@@ -73,6 +75,23 @@ async def test_orderly_by_key_uses_the_java_hash(cluster: Served) -> None:
         in_queue = [m.payload() for m in stored
                     if m.queue_id == results[k].queue.queue_id and m.payload() in mine]
         assert in_queue == sorted(mine)
+
+
+async def test_orderly_sends_take_the_queue_a_custom_selector_picks(cluster: Served) -> None:
+    def last_digit(queues: Sequence[MessageQueue], msg: Message, key: str) -> MessageQueue:
+        return queues[int(key[-1]) % len(queues)]
+
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("OS", b"create"))
+        results = [await p.send_orderly(new_message("OS", b"%d" % i), f"k{i}", last_digit)
+                   for i in range(8)]
+        with pytest.raises(ClientError, match="not a publish queue"):
+            await p.send_orderly(new_message("OS", b"x"), "k",
+                                 lambda qs, m, k: MessageQueue("OS", "nowhere", 0))
+    assert [r.queue.queue_id for r in results] == [i % 4 for i in range(8)]
+    stored = await read_all(cluster.namesrv, "OS")
+    assert {(m.queue_id, m.payload()) for m in stored if m.payload() != b"create"} == {
+        (i % 4, b"%d" % i) for i in range(8)}
 
 
 def test_order_queue_handles_negative_hashes() -> None:
