@@ -115,6 +115,14 @@ class ConsumerOptions:
     lock_renew_s: float = LOCK_RENEW_S
 
 
+def default_offsets_file(client_id: str, group: str) -> Path:
+    """Where a broadcasting consumer keeps its offsets: one file per client, as RocketMQ's
+    ``<clientId>/<group>/offsets.json``, so that two consumers of one group on one host never
+    overwrite each other.  A consumer that should resume after a restart passes a stable
+    ``client_id`` (``new_client_id("name")``) or its own ``offsets_file``."""
+    return Path.home() / ".evq" / "offsets" / client_id / group / "offsets.json"
+
+
 @attrs.define(slots=True)
 class _Owned:
     pq: ProcessQueue
@@ -135,7 +143,7 @@ class PushConsumer:
         self.client_id = client_id or new_client_id()
         self._namesrv = namesrv
         self._listener = listener
-        self._offsets_file = offsets_file or Path.home() / ".evq" / "offsets" / f"{group}.json"
+        self._offsets_file = offsets_file or default_offsets_file(self.client_id, group)
         self._clock = clock
         self._subs: dict[str, Subscription] = {}
         self._owned: dict[MessageQueue, _Owned] = {}

@@ -109,6 +109,25 @@ async def test_broadcasting_keeps_offsets_in_a_local_file(cluster: Served, tmp_p
     assert sum(table.values()) == 6 and all(k.startswith("P4@") for k in table)
 
 
+async def test_broadcasting_consumers_on_one_host_keep_separate_offsets(
+        cluster: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    await produce(cluster.namesrv, "P7", [b"%d" % i for i in range(6)])
+    inboxes = [Inbox(), Inbox()]
+    consumers = [PushConsumer("G7", cluster.namesrv, model=MessageModel.BROADCASTING,
+                              listener=inbox, options=FAST) for inbox in inboxes]
+    for c in consumers:
+        c.subscribe("P7")
+    async with consumers[0]:
+        await inboxes[0].until(6)
+    async with consumers[1]:  # starts where only its own file says, not where [0] stopped
+        await inboxes[1].until(6)
+    files = sorted((tmp_path / ".evq" / "offsets").glob("*/G7/offsets.json"))
+    assert [f.parent.parent.name for f in files] == sorted(c.client_id for c in consumers)
+    for f in files:
+        assert sum(json.loads(f.read_text())["offsetTable"].values()) == 6
+
+
 async def test_start_needs_a_subscription_and_a_listener(cluster: Served) -> None:
     with pytest.raises(ClientError):
         await PushConsumer("G5", cluster.namesrv, listener=Inbox()).start()
