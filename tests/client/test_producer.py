@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import zlib
 from collections.abc import Sequence
 
@@ -118,6 +119,26 @@ async def test_delay_properties_are_sent(cluster: Served) -> None:
     later = next(m for m in seen if m.payload() == b"later")
     assert later.properties[Prop.REAL_TOPIC] == "D"  # it went through the schedule topic
     assert later.store_timestamp - later.born_timestamp >= 900
+
+
+async def test_a_deliver_at_message_is_delivered_at_its_time(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("DA", b"create"))
+        when = time.time_ns() // 1_000_000 + 2000
+        await p.send(deliver_at(new_message("DA", b"at"), when))
+    got: list[Message] = []
+    async with PullConsumer("G-da", cluster.namesrv) as c:
+        queues = await c.queues("DA")
+        await c.assign(queues)
+        async with asyncio.timeout(15):
+            while not any(m.payload() == b"at" for m in got):
+                got += await c.poll_all(wait_ms=500)
+                if time.time_ns() // 1_000_000 < when - 100:  # early: nothing but "create"
+                    assert [m.payload() for m in got] in ([], [b"create"])
+    arrived = time.time_ns() // 1_000_000
+    at = next(m for m in got if m.payload() == b"at")
+    assert when <= at.store_timestamp <= arrived
+    assert Prop.START_DELIVER_TIME not in at.properties
 
 
 async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:
