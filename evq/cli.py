@@ -7,8 +7,10 @@ commands (``evq broker``, ``evq namesrv``, ``evq admin ...``, ``evq bench backen
 ``_add_*`` function next to the existing ones and register it in :func:`build_parser`.
 
 Exit codes: 0 success, 1 a failure while running, 2 bad usage (argparse's own errors, an
-unknown backend), 130 interrupted.  A failure prints one line, ``evq: error: <reason>``, on
-stderr; ``--log-level debug`` adds the traceback to the log.
+unknown backend), 130 interrupted.  A failure, bad usage included, prints one line,
+``evq: error: <reason>``, on stderr; ``--log-level debug`` adds the traceback to the log.
+Client commands (``produce``, ``consume``, ``admin``) log only errors by default, so the
+library's retry warnings do not precede that line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import structlog
 
@@ -48,6 +50,14 @@ FLUSH_MODES = {"async": FlushMode.ASYNC_FLUSH, "sync": FlushMode.SYNC_FLUSH}
 
 class UsageError(Exception):
     """Arguments that parse but cannot be used; exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line, like every other failure (``--help`` still
+    shows the usage); sub-parsers are of this class too, argparse makes them so."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}\n")
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -554,7 +564,7 @@ def _add_produce(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--tags", default=None)
     p.add_argument("--keys", default=None, help="space-separated keys")
     p.add_argument("--batch", type=_positive_int, default=1, help="lines per send (default 1)")
-    p.set_defaults(handler=_cmd_produce, log_level_default="warning")
+    p.set_defaults(handler=_cmd_produce, log_level_default="error")
 
 
 def _cmd_produce(args: argparse.Namespace) -> int:
@@ -578,7 +588,7 @@ def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="exit after this long without a message")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
-    p.set_defaults(handler=_cmd_consume, log_level_default="warning")
+    p.set_defaults(handler=_cmd_consume, log_level_default="error")
 
 
 def _cmd_consume(args: argparse.Namespace) -> int:
@@ -603,7 +613,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, description="evq: an event-sourced message broker modelled on RocketMQ 4.x."
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,

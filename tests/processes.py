@@ -1,24 +1,32 @@
 """``evq`` commands as real child processes, for tests that must watch a process survive,
-refuse to start or shut down: only a separate process proves it never dies."""
+refuse to start or shut down: only a separate process proves it never dies; and a name server
+and brokers as separate processes, the way they are deployed, for end-to-end tests."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import attrs
 
+from evq.client.errors import ClientError
+from evq.client.routes import Routes
+from evq.domain import topics as tp
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EVQ = (sys.executable, "-m", "evq.cli")
 LISTENING = re.compile(r"evq (namesrv|broker) listening on (\S+)")
 EXIT_TIMEOUT = 30.0
+REGISTRATION_WAIT_S = 30.0
 
 
 def port_of(address: str) -> int:
@@ -75,3 +83,44 @@ def running_evq(*args: str, servers: int, stderr: IO[str] | int = subprocess.DEV
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def wait_registered(namesrv: str, broker_addr: str) -> None:
+    """Poll until the name server routes the default topic to ``broker_addr``: a broker
+    prints where it listens before its first registration has arrived, and a client asking in
+    between is told no topic exists."""
+    deadline = time.monotonic() + REGISTRATION_WAIT_S
+    while not asyncio.run(_routed(namesrv, broker_addr)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{broker_addr} never registered with {namesrv}")
+        time.sleep(0.05)
+
+
+async def _routed(namesrv: str, broker_addr: str) -> bool:
+    routes = Routes(namesrv)
+    try:
+        route = await routes.lookup(tp.AUTO_CREATE_TOPIC)
+    except ClientError:
+        return False
+    finally:
+        await routes.close()
+    return any(broker_addr in ids.values() for ids in route.brokers.values())
+
+
+@contextlib.contextmanager
+def running_namesrv() -> Iterator[str]:
+    """``evq namesrv`` on a free port; its address."""
+    with running_evq("--log-level", "warning", "namesrv", "--port", "0", servers=1) as ns:
+        yield ns.addresses["namesrv"]
+
+
+@contextlib.contextmanager
+def running_broker(namesrv: str, data: Path, *args: str, port: int = 0,
+                   stderr: IO[str] | int = subprocess.DEVNULL) -> Iterator[Running]:
+    """``evq broker`` (on a free port unless ``port`` is given) with ``args``, once the name
+    server routes to it."""
+    with running_evq("--log-level", "warning", "broker", "--port", str(port),
+                     "--namesrv", namesrv, "--data", str(data), *args, servers=1,
+                     stderr=stderr) as broker:
+        wait_registered(namesrv, broker.addresses["broker"])
+        yield broker

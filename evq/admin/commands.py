@@ -22,6 +22,7 @@ from evq.admin.render import Output, show, table
 from evq.admin.timestamps import format_timestamp, parse_timestamp
 from evq.client.scripts import message_json
 from evq.domain import topics as tp
+from evq.domain.config_json import to_json
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.message import Message
 from evq.domain.record import offset_msg_id
@@ -133,6 +134,15 @@ async def update_sub_group(admin: Admin, args: argparse.Namespace) -> Output:
         which_broker_when_consume_slowly=args.which_broker_when_slow)
     return _brokers(await admin.update_sub_group(config, cluster=args.cluster,
                                                  broker=args.broker))
+
+
+@_command("getConsumerConfig")
+async def get_consumer_config(admin: Admin, args: argparse.Namespace) -> Output:
+    rows = [{"broker_name": row.broker_name, "addr": row.addr, **to_json(config)}
+            for row, config in await admin.sub_group_config(args.group)]
+    return Output({"configs": rows}, rows, [
+        "broker_name", "addr", "consumeEnable", "consumeBroadcastEnable", "retryQueueNums",
+        "retryMaxTimes", "brokerId", "whichBrokerWhenConsumeSlowly"])
 
 
 @_command("deleteSubGroup")
@@ -254,6 +264,8 @@ def add_admin(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     c.add_argument("-q", "--retry-max-times", type=int, default=16)
     c.add_argument("-s", "--consume-enable", type=_bool, default=True, metavar="true|false")
     c.add_argument("-d", "--broadcast-enable", type=_bool, default=True, metavar="true|false")
+    cmd("getConsumerConfig", "a subscription group's stored config on each master").add_argument(
+        "-g", "--group", required=True)
     c = cmd("deleteSubGroup", "delete a subscription group")
     c.add_argument("-g", "--group", required=True)
     where(c)

@@ -20,7 +20,7 @@ from evq.client.pulling import Subscription, parse_pull, pull_request
 from evq.client.routes import MASTER_ID, BrokerPool, Routes, TopicRoute
 from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
-from evq.domain.config_json import to_json
+from evq.domain.config_json import from_json, to_json
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
@@ -204,6 +204,20 @@ class Admin:
             await self._broker(row.addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
                                {"groupName": group}, f"delete group {group!r}")
         return rows
+
+    async def sub_group_config(self, group: str) -> list[tuple[BrokerRow, SubscriptionGroupConfig]]:
+        """The group's stored config on every master that has it (mqadmin's
+        getConsumerConfig): what updateSubGroup wrote, as the broker keeps it."""
+        out: list[tuple[BrokerRow, SubscriptionGroupConfig]] = []
+        for row in self._progress(await self.masters(), "getConsumerConfig"):
+            answer = await self._broker(row.addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                                        {}, "subscription groups")
+            table = fastjson.loads(answer.body.decode())["subscriptionGroupTable"]
+            if group in table:
+                out.append((row, from_json(SubscriptionGroupConfig, table[group])))
+        if not out:
+            raise AdminError(f"no broker has the subscription group {group!r}")
+        return out
 
     async def consumer_progress(self, group: str, topic: str | None = None
                                 ) -> list[QueueProgress]:

@@ -2,23 +2,29 @@
 
 A script that is not async calls ``SyncProducer(...).send(msg)``; each call runs the
 coroutine on the wrapper's own loop and blocks until it finishes, so the client has one
-implementation and the wrapper only carries calls across the thread boundary.
+implementation and the wrapper only carries calls across the thread boundary.  The consumers'
+background work (heartbeats, rebalancing, auto-commit, a push consumer's pulls) runs on that
+loop between calls; a push consumer's plain-function listener runs in worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from evq.client.producer import Producer, SendResult
+from evq.client.consumer import ConsumeResult, PushConsumer
+from evq.client.producer import Producer, QueueSelector, SendResult
+from evq.client.pull_consumer import PullConsumer
+from evq.client.pulling import PullResult
 from evq.client.transactions import (
     TransactionListener,
     TransactionProducer,
     TransactionSendResult,
 )
 from evq.domain.message import Message
+from evq.domain.queues import MessageQueue
 from evq.net.transport import new_event_loop
 
 _T = TypeVar("_T")
@@ -59,8 +65,9 @@ class SyncProducer:
     def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         return self._thread.run(self._producer.send_batch(msgs))
 
-    def send_orderly(self, msg: Message, key: str) -> SendResult:
-        return self._thread.run(self._producer.send_orderly(msg, key))
+    def send_orderly(self, msg: Message, key: str,
+                     selector: QueueSelector | None = None) -> SendResult:
+        return self._thread.run(self._producer.send_orderly(msg, key, selector))
 
     def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
         return self._thread.run(self._producer.send_to_queue(msg, queue_id))
@@ -95,3 +102,99 @@ class SyncTransactionProducer(SyncProducer):
         producer = self._producer
         assert isinstance(producer, TransactionProducer)
         return self._thread.run(producer.send_in_transaction(msg, arg))
+
+
+class SyncPullConsumer:
+    """:class:`PullConsumer` for synchronous code: ``subscribe`` (or, after ``start``,
+    ``assign``), then ``poll`` and ``commit``; ``with`` starts and shuts it down."""
+
+    def __init__(self, group: str, namesrv: str, **options: Any) -> None:
+        self._thread = LoopThread()
+        self._consumer = PullConsumer(group, namesrv, **options)
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        self._consumer.subscribe(topic, expression)
+
+    def start(self) -> None:
+        self._thread.run(self._consumer.start())
+
+    def shutdown(self) -> None:
+        self._thread.run(self._consumer.shutdown())
+        self._thread.stop()
+
+    def __enter__(self) -> SyncPullConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        return self._thread.run(self._consumer.queues(topic))
+
+    def assign(self, queues: Iterable[MessageQueue]) -> None:
+        self._thread.run(self._consumer.assign(queues))
+
+    @property
+    def assignment(self) -> dict[MessageQueue, int]:
+        return self._consumer.assignment
+
+    def poll(self, queue: MessageQueue, max_nums: int = 32, *, wait_ms: int = 0) -> PullResult:
+        return self._thread.run(self._consumer.poll(queue, max_nums, wait_ms=wait_ms))
+
+    def poll_all(self, max_nums: int = 32, *, wait_ms: int = 0) -> list[Message]:
+        return self._thread.run(self._consumer.poll_all(max_nums, wait_ms=wait_ms))
+
+    def commit(self, offsets: dict[MessageQueue, int] | None = None) -> None:
+        self._thread.run(self._consumer.commit(offsets))
+
+    def committed(self, queue: MessageQueue) -> int:
+        return self._thread.run(self._consumer.committed(queue))
+
+    def seek(self, queue: MessageQueue, offset: int) -> None:
+        self._thread.run(self._seek(queue, offset))
+
+    async def _seek(self, queue: MessageQueue, offset: int) -> None:
+        self._consumer.seek(queue, offset)  # positions belong to the loop's thread
+
+    def seek_to_begin(self, queue: MessageQueue) -> None:
+        self._thread.run(self._consumer.seek_to_begin(queue))
+
+    def seek_to_end(self, queue: MessageQueue) -> None:
+        self._thread.run(self._consumer.seek_to_end(queue))
+
+    def seek_to_timestamp(self, queue: MessageQueue, timestamp_ms: int) -> None:
+        self._thread.run(self._consumer.seek_to_timestamp(queue, timestamp_ms))
+
+
+SyncListener = Callable[[list[Message]], ConsumeResult]
+"""A push listener as a plain function; it may block (it runs in a worker thread)."""
+
+
+class SyncPushConsumer:
+    """:class:`PushConsumer` for synchronous code: ``subscribe``, then ``start(listener)``;
+    messages are consumed in the background until ``shutdown``.  Options are the push
+    consumer's keyword arguments (``model``, ``options``, ...)."""
+
+    def __init__(self, group: str, namesrv: str, **options: Any) -> None:
+        self._thread = LoopThread()
+        self._consumer = PushConsumer(group, namesrv, **options)
+
+    def subscribe(self, topic: str, expression: str = "*",
+                  expression_type: str = "TAG") -> None:
+        self._consumer.subscribe(topic, expression, expression_type)
+
+    def start(self, listener: SyncListener) -> None:
+        async def in_a_thread(msgs: list[Message]) -> ConsumeResult:
+            return await asyncio.to_thread(listener, msgs)
+
+        self._consumer.register_listener(in_a_thread)
+        self._thread.run(self._consumer.start())
+
+    @property
+    def assigned(self) -> set[MessageQueue]:
+        return self._consumer.assigned
+
+    def shutdown(self) -> None:
+        self._thread.run(self._consumer.shutdown())
+        self._thread.stop()

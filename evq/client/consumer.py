@@ -7,7 +7,8 @@ most ``consume_concurrency`` at once, and ``consume_timeout_s`` to answer; the q
 advances to the smallest message still in flight and is persisted every 5 s and at shutdown.
 A listener answering RECONSUME_LATER (or raising, or timing out) has the message sent back to
 the broker (CONSUMER_SEND_MSG_BACK), which redelivers it through ``%RETRY%<group>`` with
-``reconsume_times`` + 1; a failed send-back keeps the message here and consumes it again after
+``reconsume_times`` + 1; when its broker cannot take it back, the consumer sends a copy to the
+retry topic itself, and only when that fails too keeps the message and consumes it again after
 5 s.  Broadcasting consumers do not retry (RocketMQ drops the failure) and keep their offsets
 in a local file.  An :class:`~evq.client.orderly.Orderly` listener is run by
 :mod:`evq.client.orderly` instead: queue locks, one message at a time per queue.
@@ -114,6 +115,14 @@ class ConsumerOptions:
     lock_renew_s: float = LOCK_RENEW_S
 
 
+def default_offsets_file(client_id: str, group: str) -> Path:
+    """Where a broadcasting consumer keeps its offsets: one file per client, as RocketMQ's
+    ``<clientId>/<group>/offsets.json``, so that two consumers of one group on one host never
+    overwrite each other.  A consumer that should resume after a restart passes a stable
+    ``client_id`` (``new_client_id("name")``) or its own ``offsets_file``."""
+    return Path.home() / ".evq" / "offsets" / client_id / group / "offsets.json"
+
+
 @attrs.define(slots=True)
 class _Owned:
     pq: ProcessQueue
@@ -134,7 +143,7 @@ class PushConsumer:
         self.client_id = client_id or new_client_id()
         self._namesrv = namesrv
         self._listener = listener
-        self._offsets_file = offsets_file or Path.home() / ".evq" / "offsets" / f"{group}.json"
+        self._offsets_file = offsets_file or default_offsets_file(self.client_id, group)
         self._clock = clock
         self._subs: dict[str, Subscription] = {}
         self._owned: dict[MessageQueue, _Owned] = {}
@@ -188,9 +197,9 @@ class PushConsumer:
         self._routes = routes = Routes(self._namesrv, self._clock)
         self._pool = pool = BrokerPool(dispatcher, self._clock)
         self._member = member = GroupMember(
-            self.group, self.client_id, routes, pool, subscriptions=self._subs,
-            consume_type=ConsumeType.PASSIVELY, model=self.model, consume_from=o.consume_from,
-            strategy=o.strategy, brokers=self._brokers)
+            self.group, self.client_id, routes, pool, namesrv=self._namesrv,
+            subscriptions=self._subs, consume_type=ConsumeType.PASSIVELY, model=self.model,
+            consume_from=o.consume_from, strategy=o.strategy, brokers=self._brokers)
         self._offsets = (RemoteOffsets(self.group, pool, lambda name: self._brokers
                                        .offset_target(routes.group_addresses(name)))
                          if self.model is MessageModel.CLUSTERING
@@ -232,6 +241,7 @@ class PushConsumer:
         if self._orderly is not None:
             await self._orderly.unlock(list(self._owned))
         await self._member.unregister()
+        await self._member.close()
         await self._pool.close()
         await self._routes.close()
         self._routes = self._pool = self._member = self._offsets = self._orderly = None

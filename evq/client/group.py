@@ -2,9 +2,10 @@
 
 A member tells every master it knows about itself (HEART_BEAT), asks a master for the group's
 client ids and runs :func:`evq.domain.rebalance.allocate` over them to find its queues, gives
-messages back (CONSUMER_SEND_MSG_BACK), holds orderly locks (LOCK_BATCH_MQ / UNLOCK_BATCH_MQ)
-and leaves (UNREGISTER_CLIENT).  Push and pull consumers differ only in what they do with the
-queues; the conversation is this one class, so both split a topic exactly alike.
+messages back (CONSUMER_SEND_MSG_BACK, or, when the broker cannot take it back, sends a copy to
+``%RETRY%<group>`` itself, as Java's client does), holds orderly locks (LOCK_BATCH_MQ /
+UNLOCK_BATCH_MQ) and leaves (UNREGISTER_CLIENT).  Push and pull consumers differ only in what
+they do with the queues; the conversation is this one class, so both split a topic exactly alike.
 
 A rebalance round can fail to *settle*: the topic has no route yet (a topic auto-created a
 moment ago is known to its broker before the name server hears of it), or the broker does not
@@ -26,13 +27,17 @@ import structlog
 
 from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
+from evq.client.producer import Producer
 from evq.client.pulling import Subscription
 from evq.client.routes import BrokerPool, Routes
+from evq.domain import sysflag as sf
+from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
-from evq.domain.message import Message
+from evq.domain.message import Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.rebalance import AllocateStrategy, AllocationError, allocate
 from evq.domain.record import offset_msg_id
+from evq.domain.retry import FIRST_RETRY_LEVEL
 from evq.net.codes import RequestCode
 from evq.net.fastjson import queue_json
 from evq.net.protocol import RemotingCommand
@@ -47,6 +52,8 @@ START_SETTLE_TRIES: Final = 4
 background: a topic created by the send just before is usually routed by then."""
 TO_DLQ: Final = -1
 """A send-back delay level that puts the message straight into ``%DLQ%<group>``."""
+INNER_PRODUCER_GROUP: Final = "CLIENT_INNER_PRODUCER"
+"""The producer group of a consumer's own sends to its retry topic (Java's name)."""
 
 
 class MessageModel(enum.Enum):
@@ -68,9 +75,26 @@ class ConsumeType(enum.Enum):
     ACTIVELY = "CONSUME_ACTIVELY"
 
 
+def retry_message(group: str, msg: Message, *, delay_level: int,
+                  max_reconsume_times: int) -> Message:
+    """A copy of ``msg`` for ``%RETRY%<group>``, as the broker would have made it from a
+    send-back: the original topic and message id in properties, one more reconsume, the
+    consumer's limit for the broker to move it to the DLQ once it is reached."""
+    props = dict(msg.properties)
+    props.setdefault(Prop.ORIGIN_MESSAGE_ID, offset_msg_id(msg.store_host, msg.commit_log_offset))
+    props[Prop.RETRY_TOPIC] = msg.topic
+    props[Prop.RECONSUME_TIME] = str(msg.reconsume_times + 1)
+    props[Prop.MAX_RECONSUME_TIMES] = str(max_reconsume_times)
+    props[Prop.DELAY] = str(delay_level if delay_level > 0
+                            else FIRST_RETRY_LEVEL + msg.reconsume_times)
+    props.pop(Prop.TRAN_MSG, None)
+    return Message(topic=tp.retry_topic(group), body=msg.body, flag=msg.flag, properties=props,
+                   sysflag=msg.sysflag & sf.COMPRESSED, reconsume_times=msg.reconsume_times + 1)
+
+
 class GroupMember:
     def __init__(self, group: str, client_id: str, routes: Routes, pool: BrokerPool, *,
-                 subscriptions: dict[str, Subscription], consume_type: ConsumeType,
+                 namesrv: str, subscriptions: dict[str, Subscription], consume_type: ConsumeType,
                  model: MessageModel, consume_from: ConsumeFrom,
                  strategy: AllocateStrategy | str, brokers: BrokerChoice | None = None) -> None:
         self.group = group
@@ -85,6 +109,10 @@ class GroupMember:
         self._brokers = brokers or BrokerChoice()
         self._told: set[str] = set()
         """Masters that accepted a heartbeat since they last denied knowing this member."""
+        self._namesrv = namesrv
+        self._producer: Producer | None = None
+        """Started on the first send-back a broker could not take (see :meth:`send_back`)."""
+        self._producer_started = asyncio.Lock()
 
     # -- membership -------------------------------------------------------------------------
 
@@ -178,21 +206,46 @@ class GroupMember:
     async def send_back(self, queue: MessageQueue, msg: Message, *, delay_level: int,
                         max_reconsume_times: int) -> bool:
         """Give ``msg`` back to its broker for redelivery through ``%RETRY%<group>`` (or to
-        the DLQ: ``delay_level`` :data:`TO_DLQ`); False when the broker could not be told."""
+        the DLQ: ``delay_level`` :data:`TO_DLQ`).  When that broker cannot take it back
+        (down, refusing), the copy :func:`retry_message` makes is sent to whichever broker
+        holds the retry topic; False when that failed too."""
         addr = self._routes.master(queue.broker_name)
-        if addr is None:
-            return False
         try:
+            if addr is None:
+                raise ClientError(f"broker {queue.broker_name!r} has no master in the route")
             await self._pool.call(addr, RemotingCommand.request(
                 RequestCode.CONSUMER_SEND_MSG_BACK, {
                 "offset": msg.commit_log_offset, "group": self.group, "delayLevel": delay_level,
                 "originMsgId": offset_msg_id(msg.store_host, msg.commit_log_offset),
                 "originTopic": msg.topic, "unitMode": False,
                 "maxReconsumeTimes": max_reconsume_times}), "send back")
+            return True
         except (ClientError, TransportError) as exc:
-            log.warning("send back failed", queue=queue, error=str(exc))
+            log.warning("send back failed; sending to the retry topic", queue=queue,
+                        error=str(exc))
+        # A message bound for the DLQ gets there too: its new reconsume count is past the limit.
+        retry = retry_message(self.group, msg, delay_level=delay_level,
+                              max_reconsume_times=max_reconsume_times)
+        try:
+            await (await self._retry_producer()).send(retry)
+        except (ClientError, TransportError) as exc:
+            log.warning("send to the retry topic failed", queue=queue, error=str(exc))
             return False
         return True
+
+    async def _retry_producer(self) -> Producer:
+        async with self._producer_started:  # failed send-backs come in bursts
+            if self._producer is None:
+                producer = Producer(INNER_PRODUCER_GROUP, self._namesrv)
+                await producer.start()
+                self._producer = producer
+        return self._producer
+
+    async def close(self) -> None:
+        """Stop the retry producer, if a failed send-back started one."""
+        if self._producer is not None:
+            await self._producer.shutdown()
+            self._producer = None
 
     def _lock_body(self, queues: Iterable[MessageQueue]) -> bytes:
         return json.dumps({"consumerGroup": self.group, "clientId": self.client_id,

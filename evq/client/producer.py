@@ -3,8 +3,9 @@
 A send picks a queue round-robin, skipping brokers the latency table (:mod:`evq.client.faults`)
 is avoiding and, on a retry, the broker that just failed; transport failures and the broker
 answers Java retries on are tried again up to ``retries`` times.  Orderly sends pick the queue
-by key (``abs(javaHash(key)) % n``, the hash selector of the Java and C++ clients) and are not
-retried elsewhere, since another queue would break the order.
+by key (``abs(javaHash(key)) % n``, the hash selector of the Java and C++ clients, unless the
+caller passes its own :data:`QueueSelector`) and are not retried elsewhere, since another queue
+would break the order.
 
 Messages are built with :func:`evq.domain.message.new_message` (tags, keys, properties,
 compression over 4 KiB); :func:`delayed` and :func:`deliver_at` add the scheduling properties.
@@ -87,6 +88,11 @@ def deliver_at(msg: Message, when_ms: int) -> Message:
     """``msg`` delivered at the epoch milliseconds ``when_ms`` (the timer's property)."""
     msg.properties[Prop.START_DELIVER_TIME] = str(when_ms)
     return msg
+
+
+QueueSelector = Callable[[Sequence[MessageQueue], Message, str], MessageQueue]
+"""Java's ``MessageQueueSelector``: picks one of a topic's publish queues for a message and
+its key."""
 
 
 def order_queue(queues: Sequence[MessageQueue], key: str) -> MessageQueue:
@@ -231,10 +237,16 @@ class Producer:
             self._prepare(m)
         return await self._send_with_retries(msgs[0].topic, list(msgs), batch=True)
 
-    async def send_orderly(self, msg: Message, key: str) -> SendResult:
-        """To the queue of ``key``, so that messages with one key are consumed in order."""
+    async def send_orderly(self, msg: Message, key: str,
+                           selector: QueueSelector | None = None) -> SendResult:
+        """To the queue of ``key`` (:func:`order_queue`, or the one ``selector`` picks from
+        the publish queues), so that messages with one key are consumed in order."""
         self._prepare(msg)
-        queue = order_queue(await self.publish_queues(msg.topic), key)
+        queues = await self.publish_queues(msg.topic)
+        queue = order_queue(queues, key) if selector is None else selector(queues, msg, key)
+        if queue not in queues:
+            raise ClientError(f"the selector picked {queue}, not a publish queue of "
+                              f"{msg.topic!r}")
         return await self._send_to(queue, [msg], batch=False)
 
     async def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
@@ -328,6 +340,9 @@ class Producer:
         }
         if batch:
             fields["m"] = True
+        if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
+            # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
+            fields["l"] = int(first.properties[Prop.MAX_RECONSUME_TIMES])
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         return RemotingCommand.request(code, fields, body)
 

@@ -99,7 +99,8 @@ class PullConsumer:
         self._pool = pool = BrokerPool(dispatcher, self._clock)
         self._offsets = RemoteOffsets(self.group, pool, routes.master)
         self._member = member = GroupMember(
-            self.group, self.client_id, routes, pool, subscriptions=self._subs,
+            self.group, self.client_id, routes, pool, namesrv=self._namesrv,
+            subscriptions=self._subs,
             consume_type=ConsumeType.ACTIVELY, model=MessageModel.CLUSTERING,
             consume_from=ConsumeFrom.LAST_OFFSET, strategy=self._strategy)
         loops: list[tuple[float, Callable[[], Awaitable[None]]]] = []
@@ -129,6 +130,7 @@ class PullConsumer:
             await self.commit()
         if self._subs:
             await self._member.unregister()
+        await self._member.close()
         await self._pool.close()
         await self._routes.close()
         self._routes = self._pool = self._member = self._offsets = None

@@ -1,6 +1,9 @@
 """``evq produce`` and ``evq consume``: stdin lines to a topic, a topic to stdout.
 
 For quick starts and shell pipelines; each is one asyncio program over :mod:`evq.client`.
+Both ask the name server for the topic's route before anything else, so that an unreachable
+name server is a failure at once rather than a consumer waiting forever or a producer with
+nothing to send exiting 0.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import IO
 import attrs
 
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
+from evq.client.errors import RouteNotFound
 from evq.client.producer import Producer, SendResult
+from evq.client.routes import Routes
 from evq.domain.message import Message, new_message
 from evq.net.transport import run
 
@@ -52,6 +57,18 @@ def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
+async def check_namesrv(namesrv: str, topic: str) -> None:
+    """Raise :class:`~evq.client.errors.ClientError` when no name server answers; a topic it
+    does not know is fine (auto-created on the first send, or created later)."""
+    routes = Routes(namesrv)
+    try:
+        await routes.lookup(topic)
+    except RouteNotFound:
+        pass
+    finally:
+        await routes.close()
+
+
 def result_json(r: SendResult, count: int) -> dict[str, object]:
     return {"status": r.status.name, "msgId": r.msg_id, "offsetMsgId": r.offset_msg_id,
             "brokerName": r.queue.broker_name, "queueId": r.queue.queue_id,
@@ -62,6 +79,7 @@ def produce(opts: ProduceOptions, lines: IO[str] = sys.stdin, out: IO[str] = sys
     """Send each line (or each ``batch`` lines) and print one JSON result per send."""
 
     async def main() -> int:
+        await check_namesrv(opts.namesrv, opts.topic)
         async with Producer(opts.group, opts.namesrv) as producer:
             for lines_ in _batches(lines, opts.batch):
                 msgs = [new_message(opts.topic, text.encode(), tags=opts.tags, keys=opts.keys)
@@ -88,6 +106,7 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
     messages or ``idle_timeout`` seconds without one."""
 
     async def main() -> int:
+        await check_namesrv(opts.namesrv, opts.topic)
         seen = 0
         done = asyncio.Event()
         activity = asyncio.Event()  # a message arrived, or enough did

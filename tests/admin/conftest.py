@@ -1,3 +1,3 @@
-from tests.client.conftest import Served, cluster, pytest_pyfunc_call, served
+from tests.client.conftest import Served, cluster, pytest_pyfunc_call
 
-__all__ = ["Served", "cluster", "pytest_pyfunc_call", "served"]
+__all__ = ["Served", "cluster", "pytest_pyfunc_call"]

@@ -1,5 +1,5 @@
-"""``evq admin`` against a real ``evq serve``: every command through ``--json``, the failures'
-exit status and one-line reasons, and one human table."""
+"""``evq admin`` against a real name server and broker: every command through ``--json``, the
+failures' exit status and one-line reasons, and one human table."""
 
 from __future__ import annotations
 
@@ -95,6 +95,17 @@ def test_group_progress_connection_and_reset_by_time(cluster: Served) -> None:
     admin(cluster, "deleteSubGroup", "-g", "AdmGroup", "-c", "DefaultCluster")
     status = admin(cluster, "brokerStatus", "-b", cluster.broker)
     assert status["brokerRole"] == "ASYNC_MASTER" and int(status["commitLogMaxOffset"]) > 0
+
+
+def test_a_group_config_written_by_update_sub_group_is_read_back(cluster: Served) -> None:
+    admin(cluster, "updateSubGroup", "-g", "AdmCfg", "-b", cluster.broker, "-i", "1", "-w", "2",
+          "-r", "3", "-s", "false")
+    (config,) = admin(cluster, "getConsumerConfig", "-g", "AdmCfg")["configs"]
+    assert config["addr"] == cluster.broker and config["groupName"] == "AdmCfg"
+    assert (config["brokerId"], config["whichBrokerWhenConsumeSlowly"]) == (1, 2)
+    assert (config["retryQueueNums"], config["consumeEnable"]) == (3, False)
+    assert "no broker has the subscription group 'Nope'" in fails(
+        cluster, "getConsumerConfig", "-g", "Nope")
 
 
 async def test_a_live_member_is_listed_by_consumer_connection(cluster: Served) -> None:

@@ -1,30 +1,35 @@
-"""Client tests run against a real ``evq serve`` process (the ``served`` fixture of the
-stock-client tests) and drive the client's coroutines on evq's default event loop.
+"""Client tests run against a real ``evq namesrv`` and a real ``evq broker``, each its own
+process on free ports, and drive the client's coroutines on evq's default event loop.
 
-``cluster`` is ``served`` once the broker's first registration reached the name server: the
-process prints its addresses before that, and a client that looks routes up in between is
-told no topic exists, ``TBW102`` included.
+``cluster`` yields once the broker's first registration reached the name server: the broker
+prints its address before that, and a client that looks routes up in between is told no
+topic exists, ``TBW102`` included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from evq.net.transport import new_event_loop
-from tests.compat.conftest import Served, served, wait_registered
+from tests.compat.conftest import Served, wait_registered
+from tests.processes import running_broker, running_namesrv
 
-__all__ = ["Served", "cluster", "served", "wait_registered"]
+__all__ = ["Served", "cluster", "wait_registered"]
 
 TEST_TIME_LIMIT = 60.0
 
 
 @pytest.fixture
-def cluster(served: Served) -> Served:
-    """``served``, which already waits for the broker's first registration."""
-    return served
+def cluster(tmp_path: Path) -> Iterator[Served]:
+    """A name server and a broker; ``proc`` is the broker's process."""
+    with running_namesrv() as namesrv, running_broker(namesrv, tmp_path / "data") as broker:
+        yield Served(namesrv, broker.addresses["broker"], broker.proc)
+        assert broker.stop() == 0
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,9 +1,13 @@
-"""``evq produce`` and ``evq consume`` as real processes against ``evq serve``."""
+"""``evq produce`` and ``evq consume`` as real processes against a real name server and broker;
+their failures as one line on stderr."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+
+import pytest
 
 from tests.compat.conftest import Served
 from tests.processes import EVQ, REPO_ROOT, python_env, run_evq
@@ -34,3 +38,32 @@ def test_produce_in_batches(cluster: Served) -> None:
         cwd=REPO_ROOT, env=python_env(), timeout=60, check=False)
     assert produced.returncode == 0, produced.stderr
     assert [json.loads(x)["messages"] for x in produced.stdout.splitlines()] == [4, 4, 2]
+
+
+def one_line_failure(out: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    assert out.returncode == code and out.stdout == "", (out.returncode, out.stdout)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("evq: error: "), out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command, stdin", [
+    (("consume", "-g", "G"), None),
+    (("produce",), ""),
+    (("produce",), "a line\n"),
+])
+def test_an_unreachable_name_server_fails_at_once_with_one_line(
+        command: tuple[str, ...], stdin: str | None) -> None:
+    started = time.monotonic()
+    out = run_evq(*command, "-n", "127.0.0.1:1", "-t", "T", stdin=stdin, timeout=20)
+    assert one_line_failure(out) == "evq: error: no name server reachable for topic 'T'"
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("args, reason", [
+    (("produce", "-t", "T"), "the following arguments are required: -n/--namesrv"),
+    (("consume", "-n", "h:1", "-t", "T", "-g", "G", "--count", "0"), "argument --count"),
+    (("bogus",), "invalid choice: 'bogus'"),
+])
+def test_usage_errors_are_one_line(args: tuple[str, ...], reason: str) -> None:
+    assert reason in one_line_failure(run_evq(*args), code=2)

@@ -1,4 +1,5 @@
-"""Flow control and the consume timeout of a push consumer against a real ``evq serve``."""
+"""Flow control and the consume timeout of a push consumer against a real name server and
+broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""evq's client and the stock RocketMQ C++ client on one ``evq serve``, both directions."""
+"""evq's client and the stock RocketMQ C++ client on one broker, both directions."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """An administrator's reset-by-time (INVOKE_BROKER_TO_RESET_OFFSET) observed by running push
-and pull consumers, against a real ``evq serve``."""
+and pull consumers, against a real name server and broker."""
 
 from __future__ import annotations
 

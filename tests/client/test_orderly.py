@@ -1,5 +1,5 @@
-"""Orderly push consumers against a real ``evq serve``: order under a failing message, the
-DLQ escape, and queue locks that keep two members off one queue."""
+"""Orderly push consumers against a real name server and broker: order under a failing message,
+the DLQ escape, and queue locks that keep two members off one queue."""
 
 from __future__ import annotations
 

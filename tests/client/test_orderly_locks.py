@@ -32,7 +32,7 @@ async def test_an_expired_lock_stops_consumption_until_renewed(tmp_path: Path) -
         return OrderlyResult.SUCCESS
 
     routes, pool = Routes("127.0.0.1:1"), BrokerPool()
-    member = GroupMember("G", "cid", routes, pool, subscriptions={},
+    member = GroupMember("G", "cid", routes, pool, namesrv="127.0.0.1:1", subscriptions={},
                          consume_type=ConsumeType.PASSIVELY, model=MessageModel.CLUSTERING,
                          consume_from=ConsumeFrom.FIRST_OFFSET, strategy="AVG")
     offsets = LocalOffsets(tmp_path / "offsets.json")

@@ -1,10 +1,13 @@
-"""Producer and pull consumer against a real ``evq serve``: sends of every kind read back."""
+"""Producer and pull consumer against a real name server and broker: sends of every kind read
+back."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import zlib
+from collections.abc import Sequence
 
 import pytest
 
@@ -75,6 +78,23 @@ async def test_orderly_by_key_uses_the_java_hash(cluster: Served) -> None:
         assert in_queue == sorted(mine)
 
 
+async def test_orderly_sends_take_the_queue_a_custom_selector_picks(cluster: Served) -> None:
+    def last_digit(queues: Sequence[MessageQueue], msg: Message, key: str) -> MessageQueue:
+        return queues[int(key[-1]) % len(queues)]
+
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("OS", b"create"))
+        results = [await p.send_orderly(new_message("OS", b"%d" % i), f"k{i}", last_digit)
+                   for i in range(8)]
+        with pytest.raises(ClientError, match="not a publish queue"):
+            await p.send_orderly(new_message("OS", b"x"), "k",
+                                 lambda qs, m, k: MessageQueue("OS", "nowhere", 0))
+    assert [r.queue.queue_id for r in results] == [i % 4 for i in range(8)]
+    stored = await read_all(cluster.namesrv, "OS")
+    assert {(m.queue_id, m.payload()) for m in stored if m.payload() != b"create"} == {
+        (i % 4, b"%d" % i) for i in range(8)}
+
+
 def test_order_queue_handles_negative_hashes() -> None:
     queues = [MessageQueue("T", "b", i) for i in range(3)]
     key = "polygenelubricants"  # Java hash is Integer.MIN_VALUE
@@ -99,6 +119,26 @@ async def test_delay_properties_are_sent(cluster: Served) -> None:
     later = next(m for m in seen if m.payload() == b"later")
     assert later.properties[Prop.REAL_TOPIC] == "D"  # it went through the schedule topic
     assert later.store_timestamp - later.born_timestamp >= 900
+
+
+async def test_a_deliver_at_message_is_delivered_at_its_time(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv) as p:
+        await p.send(new_message("DA", b"create"))
+        when = time.time_ns() // 1_000_000 + 2000
+        await p.send(deliver_at(new_message("DA", b"at"), when))
+    got: list[Message] = []
+    async with PullConsumer("G-da", cluster.namesrv) as c:
+        queues = await c.queues("DA")
+        await c.assign(queues)
+        async with asyncio.timeout(15):
+            while not any(m.payload() == b"at" for m in got):
+                got += await c.poll_all(wait_ms=500)
+                if time.time_ns() // 1_000_000 < when - 100:  # early: nothing but "create"
+                    assert [m.payload() for m in got] in ([], [b"create"])
+    arrived = time.time_ns() // 1_000_000
+    at = next(m for m in got if m.payload() == b"at")
+    assert when <= at.store_timestamp <= arrived
+    assert Prop.START_DELIVER_TIME not in at.properties
 
 
 async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:

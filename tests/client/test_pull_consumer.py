@@ -1,5 +1,5 @@
-"""Pull consumers against a real ``evq serve``: subscribed members splitting a topic, seeks,
-automatic and manual commits."""
+"""Pull consumers against a real name server and broker: subscribed members splitting a topic,
+seeks, automatic and manual commits."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
-"""Push consumers against a real ``evq serve``: delivery, retries, splitting, broadcasting."""
+"""Push consumers against a real name server and broker: delivery, retries, splitting,
+broadcasting."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -11,6 +14,7 @@ import pytest
 
 from evq.client.consumer import (
     ConsumeFrom,
+    ConsumeResult,
     ConsumerOptions,
     MessageModel,
     PushConsumer,
@@ -18,9 +22,12 @@ from evq.client.consumer import (
 from evq.client.errors import ClientError
 from evq.client.offsets import LocalOffsets
 from evq.client.pull_consumer import PullConsumer
+from evq.domain.message import Message, Prop
 from evq.domain.queues import MessageQueue
+from evq.domain.record import offset_msg_id
 from tests.client.conftest import Served
 from tests.client.inbox import Inbox, produce
+from tests.processes import Running, running_broker, running_namesrv
 
 FAST = ConsumerOptions(rebalance_s=0.5, retry_delay_level=1, consume_from=ConsumeFrom.FIRST_OFFSET)
 
@@ -102,6 +109,25 @@ async def test_broadcasting_keeps_offsets_in_a_local_file(cluster: Served, tmp_p
     assert sum(table.values()) == 6 and all(k.startswith("P4@") for k in table)
 
 
+async def test_broadcasting_consumers_on_one_host_keep_separate_offsets(
+        cluster: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    await produce(cluster.namesrv, "P7", [b"%d" % i for i in range(6)])
+    inboxes = [Inbox(), Inbox()]
+    consumers = [PushConsumer("G7", cluster.namesrv, model=MessageModel.BROADCASTING,
+                              listener=inbox, options=FAST) for inbox in inboxes]
+    for c in consumers:
+        c.subscribe("P7")
+    async with consumers[0]:
+        await inboxes[0].until(6)
+    async with consumers[1]:  # starts where only its own file says, not where [0] stopped
+        await inboxes[1].until(6)
+    files = sorted((tmp_path / ".evq" / "offsets").glob("*/G7/offsets.json"))
+    assert [f.parent.parent.name for f in files] == sorted(c.client_id for c in consumers)
+    for f in files:
+        assert sum(json.loads(f.read_text())["offsetTable"].values()) == 6
+
+
 async def test_start_needs_a_subscription_and_a_listener(cluster: Served) -> None:
     with pytest.raises(ClientError):
         await PushConsumer("G5", cluster.namesrv, listener=Inbox()).start()
@@ -112,3 +138,53 @@ def test_an_unreadable_offsets_file_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text('{"offsetTable": [1]}')
     with pytest.raises(ClientError, match="unreadable offsets file"):
         LocalOffsets(bad)
+
+
+@attrs.frozen
+class TwoBrokers:
+    namesrv: str
+    a: Running
+    """Broker A, holding topic P6 (the only topic sent to before B started)."""
+
+
+@pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[TwoBrokers]:
+    with contextlib.ExitStack() as stack:
+        namesrv = stack.enter_context(running_namesrv())
+        a = stack.enter_context(running_broker(namesrv, tmp_path / "a", "--broker-name", "A"))
+        asyncio.run(produce(namesrv, "P6", [b"fails once"]))
+        stack.enter_context(running_broker(namesrv, tmp_path / "b", "--broker-name", "B"))
+        yield TwoBrokers(namesrv, a)
+
+
+async def test_a_send_back_its_broker_cannot_take_goes_to_the_retry_topic(
+        two_brokers: TwoBrokers) -> None:
+    """The message's broker dies while the listener holds it: CONSUMER_SEND_MSG_BACK has no
+    one to go to, so the consumer sends the copy to %RETRY%<group> on the other broker."""
+    holding, answer = asyncio.Event(), asyncio.Event()
+    got: list[Message] = []
+
+    async def listener(msgs: list[Message]) -> ConsumeResult:
+        got.extend(msgs)
+        if len(got) > 1:
+            return ConsumeResult.CONSUME_SUCCESS
+        holding.set()
+        await answer.wait()
+        return ConsumeResult.RECONSUME_LATER
+
+    c = PushConsumer("G6", two_brokers.namesrv, listener=listener,
+                     options=attrs.evolve(FAST, route_refresh_s=0.5))
+    c.subscribe("P6")
+    async with c:
+        await asyncio.wait_for(holding.wait(), 20)
+        two_brokers.a.proc.kill()
+        await asyncio.to_thread(two_brokers.a.proc.wait, 10)
+        answer.set()
+        async with asyncio.timeout(30):
+            while len(got) < 2:
+                await asyncio.sleep(0.05)
+    assert [m.reconsume_times for m in got] == [0, 1]
+    assert got[1].topic == "P6" and got[1].uniq_key == got[0].uniq_key
+    assert got[1].payload() == b"fails once"
+    assert got[1].properties[Prop.ORIGIN_MESSAGE_ID] == offset_msg_id(
+        got[0].store_host, got[0].commit_log_offset)

@@ -1,12 +1,17 @@
-"""Rebalance against a real ``evq serve``: a topic that appears after the consumer started,
-and members joining and leaving."""
+"""Rebalance against a real name server and broker: a topic that appears after the consumer
+started, members joining and leaving, strategies other than AVG, a topic that grows."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 
+import pytest
+
+from evq.admin.operations import Admin
 from evq.client.consumer import ConsumeFrom, ConsumerOptions, PushConsumer
+from evq.client.producer import Producer
+from evq.domain import topics as tp
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
 from tests.client.inbox import Inbox, produce
@@ -64,3 +69,44 @@ async def test_members_join_and_leave_and_every_queue_keeps_one_owner(cluster: S
     finally:
         for c in started:
             await c.shutdown()
+
+
+@pytest.mark.parametrize("strategy", ["AVG_BY_CIRCLE", "CONSISTENT_HASH"])
+async def test_other_strategies_give_every_queue_one_owner(cluster: Served, strategy: str
+                                                            ) -> None:
+    topic = f"R3{strategy}".replace("_", "")
+    await produce(cluster.namesrv, topic, [b"x"])
+    options = ConsumerOptions(rebalance_s=1, strategy=strategy)
+    members = [PushConsumer("GR3" + strategy, cluster.namesrv, listener=Inbox(),
+                            options=options) for _ in range(3)]
+    for c in members:
+        c.subscribe(topic)
+    try:
+        for c in members:
+            await c.start()
+        await _settled(members, topic)
+        assert sum(len(_owned(c, topic)) for c in members) == TOPIC_QUEUES
+        if strategy == "AVG_BY_CIRCLE":  # queue i to member i % 3, members in id order
+            ordered = sorted(members, key=lambda c: c.client_id)
+            assert [sorted(q.queue_id for q in _owned(c, topic)) for c in ordered] == [
+                [0, 3], [1], [2]]
+    finally:
+        for c in members:
+            await c.shutdown()
+
+
+async def test_a_topic_that_grows_is_seen_within_the_refresh_period(cluster: Served) -> None:
+    await produce(cluster.namesrv, "R4", [b"x"])
+    fast = ConsumerOptions(route_refresh_s=0.5, rebalance_s=0.5)
+    c = PushConsumer("GR4", cluster.namesrv, listener=Inbox(), options=fast)
+    c.subscribe("R4")
+    async with c, Producer("PG", cluster.namesrv, route_refresh_s=0.5) as p:
+        await _settled([c], "R4")
+        assert len(await p.publish_queues("R4")) == len(_owned(c, "R4")) == TOPIC_QUEUES
+        async with Admin(cluster.namesrv) as admin:
+            await admin.update_topic(tp.TopicConfig(topic_name="R4", read_queue_nums=8,
+                                                    write_queue_nums=8),
+                                     broker=cluster.broker)
+        async with asyncio.timeout(3):  # a few periods, for the broker's registration too
+            while len(await p.publish_queues("R4")) != 8 or len(_owned(c, "R4")) != 8:
+                await asyncio.sleep(0.05)

@@ -1,6 +1,6 @@
-"""Transactional sends against a real ``evq serve`` whose transaction checker runs every
-half second: commit, rollback, check-back, and a producer killed between its database commit
-and END_TRANSACTION whose successor answers the check from the database."""
+"""Transactional sends against a real name server and a broker whose transaction checker runs
+every half second: commit, rollback, check-back, and a producer killed between its database
+commit and END_TRANSACTION whose successor answers the check from the database."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from evq.client.sqltx import SqlTransactions, decide
 from evq.client.transactions import TransactionProducer, TransactionState
 from evq.domain.clock import ManualClock
 from evq.domain.message import Message, Prop, new_message
-from tests.client.conftest import Served, wait_registered
+from tests.client.conftest import Served
 from tests.client.tx_tables import orders, record_order
-from tests.processes import REPO_ROOT, python_env, running_evq
+from tests.processes import REPO_ROOT, python_env, running_broker, running_namesrv
 
 CHECK_CONF = "transactionTimeOut=1000\ntransactionCheckInterval=300\n"
 
@@ -34,14 +34,10 @@ CHECK_CONF = "transactionTimeOut=1000\ntransactionCheckInterval=300\n"
 def tx_cluster(tmp_path: Path) -> Iterator[Served]:
     conf = tmp_path / "broker.conf"
     conf.write_text(CHECK_CONF)
-    with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
-                     "--data", str(tmp_path / "data"), "--config", str(conf),
-                     servers=2) as running:
-        served = Served(running.addresses["namesrv"], running.addresses["broker"],
-                        running.proc)
-        wait_registered(served.namesrv)
-        yield served
-        assert running.stop() == 0
+    with running_namesrv() as namesrv, running_broker(
+            namesrv, tmp_path / "data", "--config", str(conf)) as broker:
+        yield Served(namesrv, broker.addresses["broker"], broker.proc)
+        assert broker.stop() == 0
 
 
 class Scripted:

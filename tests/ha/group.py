@@ -15,9 +15,6 @@ import attrs
 
 from evq.backends.config import StoreConfig
 from evq.backends.registry import open_log
-from evq.client.errors import ClientError
-from evq.client.routes import Routes
-from evq.domain import topics as tp
 from evq.domain.log import GetStatus, MessageLog
 from evq.domain.message import Prop
 from evq.domain.record import decode
@@ -26,7 +23,7 @@ from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, TransportError, split_address
-from tests.processes import Running, running_evq
+from tests.processes import Running, running_broker, running_evq, running_namesrv
 
 HOST = "127.0.0.1"
 CATCH_UP_S = 30.0
@@ -71,12 +68,9 @@ class Group:
 
     def start_master(self, role: str, *extra: str) -> Running:
         """Start (or restart) the master; returns once the name server routes to it."""
-        self.master = self.stack.enter_context(running_evq(
-            "--log-level", "warning", "broker", "--config", str(self.config),
-            "--port", str(self.master_port),
-            "--ha-port", str(self.ha_port), "--namesrv", self.namesrv, "--role", role,
-            "--data", str(self.root / "master"), *extra, servers=1))
-        wait_registered(self.namesrv, self.master_addr)
+        self.master = self.stack.enter_context(running_broker(
+            self.namesrv, self.root / "master", "--config", str(self.config),
+            "--ha-port", str(self.ha_port), "--role", role, *extra, port=self.master_port))
         return self.master
 
     def start_slave(self, *extra: str) -> Running:
@@ -98,33 +92,10 @@ class Group:
         self.master.proc.wait(10)
 
 
-def wait_registered(namesrv: str, broker_addr: str) -> None:
-    """Poll until the name server routes the default topic to ``broker_addr``: a broker
-    prints where it listens before its first registration has arrived."""
-    deadline = time.monotonic() + CATCH_UP_S
-    while not asyncio.run(_routed(namesrv, broker_addr)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{broker_addr} never registered with {namesrv}")
-        time.sleep(0.05)
-
-
-async def _routed(namesrv: str, broker_addr: str) -> bool:
-    routes = Routes(namesrv)
-    try:
-        route = await routes.lookup(tp.AUTO_CREATE_TOPIC)
-    except ClientError:
-        return False
-    finally:
-        await routes.close()
-    return any(broker_addr in ids.values() for ids in route.brokers.values())
-
-
 @contextlib.contextmanager
 def broker_group(root: Path) -> Iterator[Group]:
-    with contextlib.ExitStack() as stack:
-        ns = stack.enter_context(running_evq("--log-level", "warning", "namesrv", "--port", "0",
-                                             servers=1))
-        group = Group(root, ns.addresses["namesrv"])
+    with running_namesrv() as namesrv:
+        group = Group(root, namesrv)
         with group.stack:
             yield group
 

@@ -12,8 +12,8 @@ import pytest
 
 from evq.client.producer import Producer, SendStatus
 from evq.domain.message import new_message
-from tests.ha.group import broker_group, read_store, wait_caught_up, wait_registered
-from tests.processes import running_evq
+from tests.ha.group import broker_group, read_store, wait_caught_up
+from tests.processes import running_evq, wait_registered
 
 TOPIC = "HaFork"
 
