@@ -81,3 +81,26 @@ def test_bad_options_name_themselves(options: dict[str, str], named: str) -> Non
 def test_writes_need_a_cluster() -> None:
     with pytest.raises(OptionError, match="evq option 'namesrv'"):
         parse_sink({"topic": "A"})
+
+
+def test_a_queue_new_since_the_start_is_read_from_its_first_offset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.types import StructType
+
+    from evq.spark import source
+
+    class Expired:
+        """A queue whose first five messages have expired."""
+
+        def bounds(self, queue: tuple[str, str, int]) -> tuple[int, int]:
+            return 5, 9
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(source, "open_access", lambda opts: Expired())
+    reader = source.EvqStreamReader(
+        parse_source({"namesrv": "h:1", "topic": "A"}, streaming=True), StructType())
+    parts = reader.partitions({"A": {"b": {"0": 3}}}, {"A": {"b": {"0": 6, "1": 9}}})
+    assert [(p.piece.queue, p.piece.start, p.piece.end) for p in parts] == [
+        (("A", "b", 0), 3, 6), (("A", "b", 1), 5, 9)]

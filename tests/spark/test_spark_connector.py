@@ -4,14 +4,20 @@ checkpoint restart, writes, and option errors — Spark local[2] against a real 
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import Row, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import StructType
 
 from evq.client.blocking import SyncProducer
 from evq.domain.message import new_message
+from evq.spark.options import offsets_from_json, parse_source
+from evq.spark.source import EvqStreamReader
 from tests.client.conftest import Served, wait_registered
 from tests.processes import running_evq
 
@@ -125,6 +131,28 @@ def test_a_restarted_stream_delivers_every_message_exactly_once(
     assert len(keys) == len(set(keys)) and sorted(keys) == sorted(first + second)
 
 
+def test_a_stream_reads_a_topic_that_appears_while_it_runs(spark: SparkSession,
+                                                           live: Served) -> None:
+    first = produce(live.namesrv, "SpGrowA", 15)
+    query = (spark.readStream.format("evq").option("namesrv", live.namesrv)
+             .option("topicPattern", "SpGrow.*").option("startingOffsets", "earliest")
+             .option("maxMessagesPerTrigger", "10").load().select("uniqKey")
+             .writeStream.format("memory").queryName("sp_grow").start())
+    try:
+        query.processAllAvailable()
+        second = produce(live.namesrv, "SpGrowB", 12) + produce(live.namesrv, "SpGrowA", 3,
+                                                                start=15)
+        probe = stream_reader(namesrv=live.namesrv, topicPattern="SpGrow.*")
+        deadline = time.monotonic() + 10
+        while "SpGrowB" not in probe.initialOffset() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the broker registers a new topic with the name server at once
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    keys = [r.uniqKey for r in spark.table("sp_grow").collect()]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(first + second)
+
+
 def test_offline_read_equals_live_read(spark: SparkSession, tmp_path: Path) -> None:
     data = tmp_path / "data"
     with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
@@ -157,38 +185,70 @@ def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[s
         read(spark, **options)
 
 
-def test_latest_offset_serves_both_spark_signatures(live: Served) -> None:
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-    from pyspark.sql.types import StructType
+def stream_reader(**options: str) -> EvqStreamReader:
+    return EvqStreamReader(parse_source(options, streaming=True), StructType())
 
-    from evq.spark.options import offsets_from_json, parse_source
-    from evq.spark.source import EvqStreamReader
 
+def total(doc: dict[str, Any]) -> int:
+    return sum(offsets_from_json(doc).values())
+
+
+def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
     produce(live.namesrv, "SpSig", 20)
-    opts = parse_source({"namesrv": live.namesrv, "topic": "SpSig",
-                         "startingOffsets": "earliest", "maxMessagesPerTrigger": "8"},
-                        streaming=True)
-    reader = EvqStreamReader(opts, StructType())
-
-    def total(doc: dict[str, object]) -> int:
-        return sum(offsets_from_json(doc).values())  # type: ignore[arg-type]
-
+    reader = stream_reader(namesrv=live.namesrv, topic="SpSig",
+                           startingOffsets="earliest",
+                           maxMessagesPerTrigger="8")
     start = reader.initialOffset()
     assert total(start) == 0
-    # Spark 4.0: no arguments; each call goes on from the last end, 8 messages at a time.
-    assert [total(reader.latestOffset()) for _ in range(4)] == [8, 16, 20, 20]
-    # Spark 4.2+: the engine's start and limit win over the option.
     assert total(reader.latestOffset(start, ReadMaxRows(5))) == 5
     assert total(reader.latestOffset(start, ReadAllAvailable())) == 20
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
 
 
+def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
+    """Spark 4.0's call order (MicroBatchExecution with a stream that has no admission
+    control): ``latestOffset()``; the start is the checkpoint's or, on a fresh query,
+    ``initialOffset()``; the previous batch's end is committed; then ``partitions(start,
+    end)``.  A restart replays a planned but uncommitted batch before anything else."""
+    produce(live.namesrv, "SpRestart", 20)
+    opts = {"startingOffsets": "earliest", "maxMessagesPerTrigger": "8"}
+    seen: list[str] = []
+
+    def run(reader: EvqStreamReader, start: dict[str, Any] | None, batches: int
+            ) -> dict[str, Any] | None:
+        """``batches`` micro-batches from the committed ``start``; the last end committed."""
+        for _ in range(batches):
+            end = reader.latestOffset()
+            begin = start if start is not None else reader.initialOffset()
+            if end == begin:
+                break
+            if start is not None:
+                reader.commit(start)
+            starts, ends = offsets_from_json(begin), offsets_from_json(end)
+            assert all(ends[q] >= o for q, o in starts.items())
+            seen.extend(row[5] for p in reader.partitions(begin, end) for row in reader.read(p))
+            start = end
+        return start
+
+    first = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    committed = run(first, None, 2)
+    pending = first.latestOffset()  # batch planned into the offset log; the query dies
+    produce(live.namesrv, "SpRestart", 10, start=20)
+
+    second = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    seen.extend(row[5] for p in second.partitions(committed, pending)
+                for row in second.read(p))
+    assert total(second.latestOffset()) - total(pending) <= 8  # on from the replayed batch
+    second.commit(pending)
+    committed = run(second, pending, 1)
+    produce(live.namesrv, "SpRestart", 5, start=30)
+
+    third = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    run(third, committed, 10)
+    assert len(seen) == len(set(seen)) == 35
+
+
 def test_starting_at_a_timestamp_skips_what_was_stored_before(live: Served) -> None:
-    import time
-
-    from pyspark.sql.types import StructType
-
-    from evq.spark.options import parse_source
     from evq.spark.source import EvqBatchReader
 
     produce(live.namesrv, "SpTime", 10)
