@@ -44,7 +44,7 @@ from evq.spark.options import (
     parse_source,
 )
 from evq.spark.planning import Slice, limit, slices
-from evq.spark.schema import schema_ddl, to_row
+from evq.spark.schema import json_converter, schema_ddl, to_row
 from evq.spark.writing import send_rows
 
 log = structlog.get_logger(__name__)
@@ -89,21 +89,14 @@ class SlicePartition(InputPartition):
         self.piece = piece
 
 
-def _json_fields(schema: StructType) -> list[str]:
-    if "value" in schema.fieldNames():
-        kind = schema["value"].dataType
-        if isinstance(kind, StructType):
-            return kind.fieldNames()
-    return []
-
-
 def _read(opts: SourceOptions, schema: StructType, piece: Slice) -> Iterator[tuple[Any, ...]]:
-    fields = _json_fields(schema)
+    json_value = (json_converter(schema["value"].dataType) if opts.body_as is BodyAs.JSON
+                  else None)
     access = open_access(opts)
     try:
         _, broker, _ = piece.queue
         for m in selected(opts, access.read(piece.queue, piece.start, piece.end)):
-            yield to_row(m, broker, opts.body_as, fields)
+            yield to_row(m, broker, opts.body_as, json_value)
     finally:
         access.close()
 

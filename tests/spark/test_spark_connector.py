@@ -3,6 +3,7 @@ checkpoint restart, writes, and option errors — Spark local[2] against a real 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections import defaultdict
@@ -76,15 +77,27 @@ def test_tags_filter_pattern_and_explicit_offsets(spark: SparkSession, live: Ser
 
 
 def test_json_bodies_become_a_struct_column(spark: SparkSession, live: Served) -> None:
+    docs = [{"id": i, "amount": i * 1.5, "price": f"{i}.125", "at": 1_700_000_000_000 + i,
+             "items": [i, str(i + 1)], "meta": {"source": "web", "n": i}, "counts": {"x": i}}
+            for i in range(3)]
+    docs[2] |= {"id": "two", "at": "2024-01-02T03:04:05+01:00", "items": "many"}
     with SyncProducer("PG-spark-json", live.namesrv) as p:
-        for i in range(3):
-            p.send(new_message("SpJson", json.dumps({"id": i, "amount": i * 1.5}).encode()))
+        for doc in docs:
+            p.send(new_message("SpJson", json.dumps(doc).encode()))
         p.send(new_message("SpJson", b"not json"))
     rows = read(spark, namesrv=live.namesrv, topic="SpJson", bodyAs="json",
-                bodySchema="id INT, amount DOUBLE")
-    values = sorted((r.value.id, r.value.amount) for r in rows if r.value is not None)
-    assert values == [(0, 0.0), (1, 1.5), (2, 3.0)]
+                bodySchema="id INT, amount DOUBLE, price DECIMAL(10,2), at TIMESTAMP, "
+                           "items ARRAY<BIGINT>, meta STRUCT<source: STRING, n: INT>, "
+                           "counts MAP<STRING, INT>")
+    values = sorted((r.value for r in rows if r.value is not None), key=lambda v: v.amount)
     assert sum(r.value is None for r in rows) == 1
+    assert [(v.id, v.amount, str(v.price), v.items, v.meta.source, v.meta.n, v.counts)
+            for v in values] == [(0, 0.0, "0.13", [0, 1], "web", 0, {"x": 0}),
+                                 (1, 1.5, "1.13", [1, 2], "web", 1, {"x": 1}),
+                                 (None, 3.0, "2.13", None, "web", 2, {"x": 2})]
+    assert values[1].at.replace(tzinfo=dt.UTC) - values[0].at.replace(tzinfo=dt.UTC) == (
+        dt.timedelta(milliseconds=1))
+    assert values[2].at.astimezone(dt.UTC) == dt.datetime(2024, 1, 2, 2, 4, 5, tzinfo=dt.UTC)
 
 
 def test_write_then_read_round_trips_every_field(spark: SparkSession, live: Served) -> None:
@@ -178,6 +191,8 @@ def test_offline_read_equals_live_read(spark: SparkSession, tmp_path: Path) -> N
     ({"namesrv": "127.0.0.1:1", "topic": "T", "filter": "a >"}, "filter"),
     ({"namesrv": "127.0.0.1:1", "topic": "T", "bodyAs": "xml"}, "bodyAs"),
     ({"path": "/nonexistent-evq", "topic": "T"}, "path"),
+    ({"namesrv": "127.0.0.1:1", "topic": "T", "bodyAs": "json", "bodySchema": "id INT, n"},
+     "bodySchema"),
 ])
 def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[str, str],
                                             named: str) -> None:
