@@ -120,6 +120,43 @@ def test_write_then_read_round_trips_every_field(spark: SparkSession, live: Serv
     assert got[b"three"].tags is None and got[b"three"].keys == []
 
 
+def test_write_options_and_read_bounds(spark: SparkSession, live: Served) -> None:
+    """Rows without a topic column take the ``topic`` option; a ``queueId`` row goes to that
+    queue; the rows in between go out as ``send_batch`` batches of ``batchSize``.  Then the
+    read side: a comma-separated topic list, ``endingOffsets``, ``startingOffsets`` at a
+    time."""
+    rows = [(f"q{i}", 3) for i in range(3)] + [(f"b{i}", None) for i in range(8)]
+    (spark.createDataFrame(rows, "body STRING, queueId INT").coalesce(1).write.format("evq")
+     .option("namesrv", live.namesrv).option("topic", "SpWOpt").option("batchSize", "4")
+     .mode("append").save())
+    time.sleep(0.05)
+    cut = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    later = produce(live.namesrv, "SpWOpt2", 5)
+
+    got = {r.value: r for r in read(spark, namesrv=live.namesrv, topic="SpWOpt",
+                                     bodyAs="string")}
+    assert sorted(got) == sorted(body for body, _ in rows)
+    assert {got[f"q{i}"].queueId for i in range(3)} == {3}
+    for batch in ([f"b{i}" for i in range(4)], [f"b{i}" for i in range(4, 8)]):
+        assert len({got[b].queueId for b in batch}) == 1  # one request, one queue
+        first = got[batch[0]].queueOffset
+        assert [got[b].queueOffset for b in batch] == list(range(first, first + 4))
+
+    both = read(spark, namesrv=live.namesrv, topic="SpWOpt, SpWOpt2")
+    assert sorted(r.uniqKey for r in both) == sorted([r.uniqKey for r in got.values()] + later)
+
+    ending = {"SpWOpt": {"broker-a": {"3": 2}}}
+    bounded = read(spark, namesrv=live.namesrv, topic="SpWOpt",
+                   endingOffsets=json.dumps(ending))
+    assert sorted(r.uniqKey for r in bounded) == sorted(
+        r.uniqKey for r in got.values() if r.queueId != 3 or r.queueOffset < 2)
+
+    since = read(spark, namesrv=live.namesrv, topic="SpWOpt, SpWOpt2",
+                 startingOffsets=f"timestamp:{cut}")
+    assert sorted(r.uniqKey for r in since) == sorted(later)
+
+
 def test_a_restarted_stream_delivers_every_message_exactly_once(
         spark: SparkSession, live: Served, tmp_path: Path) -> None:
     first = produce(live.namesrv, "SpStream", 60)
@@ -261,19 +298,3 @@ def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
     third = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
     run(third, committed, 10)
     assert len(seen) == len(set(seen)) == 35
-
-
-def test_starting_at_a_timestamp_skips_what_was_stored_before(live: Served) -> None:
-    from evq.spark.source import EvqBatchReader
-
-    produce(live.namesrv, "SpTime", 10)
-    time.sleep(0.05)
-    cut = time.time_ns() // 1_000_000
-    time.sleep(0.05)
-    produce(live.namesrv, "SpTime", 7, start=10)
-    reader = EvqBatchReader(parse_source({"namesrv": live.namesrv, "topic": "SpTime",
-                                          "startingOffsets": f"timestamp:{cut}"},
-                                         streaming=False), StructType())
-    parts = reader.partitions()
-    rows = [row for p in parts for row in reader.read(p)]
-    assert sorted(int(r[9]) for r in rows) == list(range(10, 17))  # body column
