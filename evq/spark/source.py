@@ -35,6 +35,7 @@ from evq.spark.options import (
     BodyAs,
     Offsets,
     OffsetSpec,
+    OptionError,
     Position,
     QueueKey,
     SourceOptions,
@@ -75,6 +76,11 @@ class EvqDataSource(DataSource):
         return EvqStreamReader(parse_source(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Spark lets a Python data source take ``mode("overwrite")``, but a topic's messages
+        cannot be replaced: sending would only append, so the mode is refused."""
+        if overwrite:
+            raise OptionError("mode", "a topic cannot be overwritten; write with "
+                                      ".mode('append')")
         return EvqWriter(parse_sink(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:

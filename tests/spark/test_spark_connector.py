@@ -245,6 +245,12 @@ def total(doc: dict[str, Any]) -> int:
     return sum(offsets_from_json(doc).values())
 
 
+def test_writes_append_and_refuse_to_overwrite(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("T", "x")], "topic STRING, body STRING")
+    with pytest.raises(Exception, match="evq option 'mode'"):
+        df.write.format("evq").option("namesrv", "127.0.0.1:1").mode("overwrite").save()
+
+
 def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
     produce(live.namesrv, "SpSig", 20)
     reader = stream_reader(namesrv=live.namesrv, topic="SpSig",
