@@ -304,3 +304,9 @@ def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
     third = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
     run(third, committed, 10)
     assert len(seen) == len(set(seen)) == 35
+
+    fresh = stream_reader(namesrv=live.namesrv, topic="SpRestart", startingOffsets="latest")
+    end = fresh.latestOffset()
+    produce(live.namesrv, "SpRestart", 3, start=35)  # before Spark asks for the start
+    assert fresh.initialOffset() == end
+    assert total(fresh.latestOffset()) == total(end) + 3
