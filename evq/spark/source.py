@@ -157,22 +157,26 @@ class EvqStreamReader(DataSourceStreamReader):
         self.opts = opts
         self.schema = schema
         self._seen: Offsets | None = None
+        self._initial: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        """Where a fresh query starts.  Spark 4.0 asks only after the first
-        ``latestOffset()``, so a start is held at that batch's end: with ``latest``, messages
-        sent in between belong to the next batch instead of planning a start past the end."""
-        seen = self._seen or {}
-        offsets: Offsets = {}
-        access = open_access(self.opts)
-        try:
-            for q in access.queues(self.opts):
-                lo, hi = access.bounds(q)
-                offsets[q] = min(_resolve(access, self.opts.starting, q, lo, hi),
-                                 seen.get(q, hi))
-        finally:
-            access.close()
-        return offsets_to_json(offsets)
+        """Where a fresh query starts: the same answer each time Spark asks.  Spark asks once
+        before the first ``latestOffset`` and again to plan that batch; with ``latest`` a new
+        look would start past the batch's end and skip what arrived in between.  Spark 4.0
+        asks only after the first ``latestOffset()``, so the start is held at that end."""
+        if self._initial is None:
+            seen = self._seen or {}
+            offsets: Offsets = {}
+            access = open_access(self.opts)
+            try:
+                for q in access.queues(self.opts):
+                    lo, hi = access.bounds(q)
+                    offsets[q] = min(_resolve(access, self.opts.starting, q, lo, hi),
+                                     seen.get(q, hi))
+            finally:
+                access.close()
+            self._initial = offsets_to_json(offsets)
+        return self._initial
 
     def getDefaultReadLimit(self) -> Any:
         if ReadMaxRows is None or self.opts.max_per_trigger is None:

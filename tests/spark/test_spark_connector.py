@@ -262,6 +262,13 @@ def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
     assert total(reader.latestOffset(start, ReadAllAvailable())) == 20
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
 
+    # Spark asks for the start before the first batch and again to plan it.
+    fresh = stream_reader(namesrv=live.namesrv, topic="SpSig", startingOffsets="latest")
+    start = fresh.initialOffset()
+    produce(live.namesrv, "SpSig", 3, start=20)
+    end = fresh.latestOffset(start, ReadAllAvailable())
+    assert fresh.initialOffset() == start and total(end) == total(start) + 3
+
 
 def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
     """Spark 4.0's call order (MicroBatchExecution with a stream that has no admission
