@@ -23,10 +23,10 @@ class Slice:
 
 def slices(starts: Offsets, ends: Offsets, partition_size: int) -> list[Slice]:
     """Every non-empty range, cut into pieces of at most ``partition_size`` offsets, in queue
-    order (a queue absent from ``starts`` starts at 0)."""
+    order (``starts`` names every queue of ``ends``)."""
     out: list[Slice] = []
     for queue in sorted(ends):
-        start, end = starts.get(queue, 0), ends[queue]
+        start, end = starts[queue], ends[queue]
         for lo in range(start, end, partition_size):
             out.append(Slice(queue, lo, min(lo + partition_size, end)))
     return out
@@ -35,8 +35,9 @@ def slices(starts: Offsets, ends: Offsets, partition_size: int) -> list[Slice]:
 def limit(starts: Offsets, latest: Offsets, budget: int | None) -> Offsets:
     """The end offsets of the next micro-batch: ``latest`` when there is no budget, else at
     most ``budget`` messages spread over the queues in proportion to what each has waiting
-    (every queue with messages gets at least one while the budget lasts, so none starves)."""
-    waiting = {q: max(latest[q] - starts.get(q, 0), 0) for q in latest}
+    (every queue with messages gets at least one while the budget lasts, so none starves);
+    ``starts`` names every queue of ``latest``."""
+    waiting = {q: max(latest[q] - starts[q], 0) for q in latest}
     total = sum(waiting.values())
     if budget is None or total <= budget:
         return dict(latest)
@@ -48,4 +49,4 @@ def limit(starts: Offsets, latest: Offsets, budget: int | None) -> Offsets:
         if take[q] < waiting[q]:
             take[q] += 1
             left -= 1
-    return {q: starts.get(q, 0) + take[q] for q in latest}
+    return {q: starts[q] + take[q] for q in latest}

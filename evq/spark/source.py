@@ -35,6 +35,7 @@ from evq.spark.options import (
     BodyAs,
     Offsets,
     OffsetSpec,
+    OptionError,
     Position,
     QueueKey,
     SourceOptions,
@@ -44,7 +45,7 @@ from evq.spark.options import (
     parse_source,
 )
 from evq.spark.planning import Slice, limit, slices
-from evq.spark.schema import schema_ddl, to_row
+from evq.spark.schema import json_converter, schema_ddl, to_row
 from evq.spark.writing import send_rows
 
 log = structlog.get_logger(__name__)
@@ -75,6 +76,11 @@ class EvqDataSource(DataSource):
         return EvqStreamReader(parse_source(self.options, streaming=True), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """Spark lets a Python data source take ``mode("overwrite")``, but a topic's messages
+        cannot be replaced: sending would only append, so the mode is refused."""
+        if overwrite:
+            raise OptionError("mode", "a topic cannot be overwritten; write with "
+                                      ".mode('append')")
         return EvqWriter(parse_sink(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
@@ -89,21 +95,14 @@ class SlicePartition(InputPartition):
         self.piece = piece
 
 
-def _json_fields(schema: StructType) -> list[str]:
-    if "value" in schema.fieldNames():
-        kind = schema["value"].dataType
-        if isinstance(kind, StructType):
-            return kind.fieldNames()
-    return []
-
-
 def _read(opts: SourceOptions, schema: StructType, piece: Slice) -> Iterator[tuple[Any, ...]]:
-    fields = _json_fields(schema)
+    json_value = (json_converter(schema["value"].dataType) if opts.body_as is BodyAs.JSON
+                  else None)
     access = open_access(opts)
     try:
         _, broker, _ = piece.queue
         for m in selected(opts, access.read(piece.queue, piece.start, piece.end)):
-            yield to_row(m, broker, opts.body_as, fields)
+            yield to_row(m, broker, opts.body_as, json_value)
     finally:
         access.close()
 
@@ -144,19 +143,40 @@ class EvqBatchReader(DataSourceReader):
 
 
 class EvqStreamReader(DataSourceStreamReader):
+    """Micro-batches over per-queue offsets.
+
+    Spark 4.2+ hands ``latestOffset`` the batch's start; Spark 4.0 and 4.1 call it with no
+    arguments, so the reader goes on from the furthest offsets it has seen: its own answers
+    and the ends Spark plans (``partitions``) and commits (``commit``).  A reader that has
+    seen none (its query has just started, fresh or from a checkpoint) cannot know where the
+    checkpoint stands, and an end below it would plan an empty batch and then read the same
+    messages again; so its first answer is everything available, which no committed offset
+    exceeds, and ``maxMessagesPerTrigger`` applies from the next batch on."""
+
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
-        self._last: dict[str, Any] | None = None  # Spark 4.0: where the last batch ended
+        self._seen: Offsets | None = None
+        self._initial: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        access = open_access(self.opts)
-        try:
-            offsets = {q: _resolve(access, self.opts.starting, q, *access.bounds(q))
-                       for q in access.queues(self.opts)}
-        finally:
-            access.close()
-        return offsets_to_json(offsets)
+        """Where a fresh query starts: the same answer each time Spark asks.  Spark asks once
+        before the first ``latestOffset`` and again to plan that batch; with ``latest`` a new
+        look would start past the batch's end and skip what arrived in between.  Spark 4.0
+        asks only after the first ``latestOffset()``, so the start is held at that end."""
+        if self._initial is None:
+            seen = self._seen or {}
+            offsets: Offsets = {}
+            access = open_access(self.opts)
+            try:
+                for q in access.queues(self.opts):
+                    lo, hi = access.bounds(q)
+                    offsets[q] = min(_resolve(access, self.opts.starting, q, lo, hi),
+                                     seen.get(q, hi))
+            finally:
+                access.close()
+            self._initial = offsets_to_json(offsets)
+        return self._initial
 
     def getDefaultReadLimit(self) -> Any:
         if ReadMaxRows is None or self.opts.max_per_trigger is None:
@@ -165,32 +185,41 @@ class EvqStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None,
                      limit_: Any = None) -> dict[str, Any]:
-        """Spark 4.2+ passes the batch's start and a ReadLimit; 4.0 passes nothing, and the
-        start is where the previous batch ended (``maxMessagesPerTrigger`` applies then)."""
-        if start is None:
-            start = self._last if self._last is not None else self.initialOffset()
-            budget = self.opts.max_per_trigger
-        elif ReadMaxRows is not None and isinstance(limit_, ReadMaxRows):
-            budget = limit_.max_rows
+        if start is not None:
+            starts = offsets_from_json(start)
+            if ReadMaxRows is not None and isinstance(limit_, ReadMaxRows):
+                budget: int | None = limit_.max_rows
+            else:
+                budget = None if limit_ is not None else self.opts.max_per_trigger
+        elif self._seen is not None:
+            starts, budget = dict(self._seen), self.opts.max_per_trigger
         else:
-            budget = None if limit_ is not None else self.opts.max_per_trigger
-        starts = offsets_from_json(start)
+            starts, budget = {}, None
         access = open_access(self.opts)
         try:
-            latest: Offsets = {}
-            for queue in access.queues(self.opts):
-                lo, hi = access.bounds(queue)
-                latest[queue] = hi
-                starts.setdefault(queue, lo)  # a queue new since the last batch: from its start
+            bounds = {q: access.bounds(q) for q in access.queues(self.opts)}
         finally:
             access.close()
-        end = offsets_to_json({**starts, **limit(starts, latest, budget)})
-        self._last = end
-        return end
+        latest = {q: hi for q, (_, hi) in bounds.items()}
+        starts = {**{q: lo for q, (lo, _) in bounds.items()}, **starts}
+        end = {**starts, **limit(starts, latest, budget)}
+        self._see(end)
+        return offsets_to_json(end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]
                    ) -> Sequence[InputPartition]:
+        """A queue that Spark's start does not name is new since the previous batch (a topic
+        that gained queues, or a new one ``topicPattern`` matches): it is read from its first
+        offset, which is above 0 once its oldest messages have expired."""
         starts, ends = offsets_from_json(start), offsets_from_json(end)
+        self._see(ends)
+        new = sorted(set(ends) - set(starts))
+        if new:
+            access = open_access(self.opts)
+            try:
+                starts |= {q: access.bounds(q)[0] for q in new}
+            finally:
+                access.close()
         return [SlicePartition(p) for p in slices(starts, ends, self.opts.partition_size)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -198,7 +227,13 @@ class EvqStreamReader(DataSourceStreamReader):
         return _read(self.opts, self.schema, partition.piece)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: the checkpoint holds the offsets, and reads never commit."""
+        """Reads never commit to the cluster (the checkpoint holds the offsets); the end only
+        tells a Spark 4.0 reader where batches stand."""
+        self._see(offsets_from_json(end))
+
+    def _see(self, offsets: Offsets) -> None:
+        seen = self._seen or {}
+        self._seen = {q: max(o, seen.get(q, o)) for q, o in {**seen, **offsets}.items()}
 
 
 @attrs.define(slots=True)

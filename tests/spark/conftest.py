@@ -21,20 +21,23 @@ from tests.processes import running_evq  # noqa: E402
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])
-    session = (SparkSession.builder.master("local[2]").appName("evq-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    evq.spark.register(session)
-    yield session
-    session.stop()
+    """Spark's workers are new Python processes: they run this interpreter with this checkout
+    first on their path (the environment is put back once the module is done)."""
+    path = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PYSPARK_PYTHON", sys.executable)
+        env.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+        env.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
+        session = (SparkSession.builder.master("local[2]").appName("evq-tests")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
+                   .config("spark.driver.memory", "1g")
+                   .getOrCreate())
+        session.sparkContext.setLogLevel("ERROR")
+        evq.spark.register(session)
+        yield session
+        session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,22 @@ checkpoint restart, writes, and option errors — Spark local[2] against a real 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import Row, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import StructType
 
 from evq.client.blocking import SyncProducer
 from evq.domain.message import new_message
+from evq.spark.options import offsets_from_json, parse_source
+from evq.spark.source import EvqStreamReader
 from tests.client.conftest import Served, wait_registered
 from tests.processes import running_evq
 
@@ -70,15 +77,27 @@ def test_tags_filter_pattern_and_explicit_offsets(spark: SparkSession, live: Ser
 
 
 def test_json_bodies_become_a_struct_column(spark: SparkSession, live: Served) -> None:
+    docs = [{"id": i, "amount": i * 1.5, "price": f"{i}.125", "at": 1_700_000_000_000 + i,
+             "items": [i, str(i + 1)], "meta": {"source": "web", "n": i}, "counts": {"x": i}}
+            for i in range(3)]
+    docs[2] |= {"id": "two", "at": "2024-01-02T03:04:05+01:00", "items": "many"}
     with SyncProducer("PG-spark-json", live.namesrv) as p:
-        for i in range(3):
-            p.send(new_message("SpJson", json.dumps({"id": i, "amount": i * 1.5}).encode()))
+        for doc in docs:
+            p.send(new_message("SpJson", json.dumps(doc).encode()))
         p.send(new_message("SpJson", b"not json"))
     rows = read(spark, namesrv=live.namesrv, topic="SpJson", bodyAs="json",
-                bodySchema="id INT, amount DOUBLE")
-    values = sorted((r.value.id, r.value.amount) for r in rows if r.value is not None)
-    assert values == [(0, 0.0), (1, 1.5), (2, 3.0)]
+                bodySchema="id INT, amount DOUBLE, price DECIMAL(10,2), at TIMESTAMP, "
+                           "items ARRAY<BIGINT>, meta STRUCT<source: STRING, n: INT>, "
+                           "counts MAP<STRING, INT>")
+    values = sorted((r.value for r in rows if r.value is not None), key=lambda v: v.amount)
     assert sum(r.value is None for r in rows) == 1
+    assert [(v.id, v.amount, str(v.price), v.items, v.meta.source, v.meta.n, v.counts)
+            for v in values] == [(0, 0.0, "0.13", [0, 1], "web", 0, {"x": 0}),
+                                 (1, 1.5, "1.13", [1, 2], "web", 1, {"x": 1}),
+                                 (None, 3.0, "2.13", None, "web", 2, {"x": 2})]
+    assert values[1].at.replace(tzinfo=dt.UTC) - values[0].at.replace(tzinfo=dt.UTC) == (
+        dt.timedelta(milliseconds=1))
+    assert values[2].at.astimezone(dt.UTC) == dt.datetime(2024, 1, 2, 2, 4, 5, tzinfo=dt.UTC)
 
 
 def test_write_then_read_round_trips_every_field(spark: SparkSession, live: Served) -> None:
@@ -99,6 +118,43 @@ def test_write_then_read_round_trips_every_field(spark: SparkSession, live: Serv
     assert (got[b"two"].keys, got[b"two"].tags, got[b"two"].properties["p"]) == (
         ["c"], "y", "2")
     assert got[b"three"].tags is None and got[b"three"].keys == []
+
+
+def test_write_options_and_read_bounds(spark: SparkSession, live: Served) -> None:
+    """Rows without a topic column take the ``topic`` option; a ``queueId`` row goes to that
+    queue; the rows in between go out as ``send_batch`` batches of ``batchSize``.  Then the
+    read side: a comma-separated topic list, ``endingOffsets``, ``startingOffsets`` at a
+    time."""
+    rows = [(f"q{i}", 3) for i in range(3)] + [(f"b{i}", None) for i in range(8)]
+    (spark.createDataFrame(rows, "body STRING, queueId INT").coalesce(1).write.format("evq")
+     .option("namesrv", live.namesrv).option("topic", "SpWOpt").option("batchSize", "4")
+     .mode("append").save())
+    time.sleep(0.05)
+    cut = time.time_ns() // 1_000_000
+    time.sleep(0.05)
+    later = produce(live.namesrv, "SpWOpt2", 5)
+
+    got = {r.value: r for r in read(spark, namesrv=live.namesrv, topic="SpWOpt",
+                                     bodyAs="string")}
+    assert sorted(got) == sorted(body for body, _ in rows)
+    assert {got[f"q{i}"].queueId for i in range(3)} == {3}
+    for batch in ([f"b{i}" for i in range(4)], [f"b{i}" for i in range(4, 8)]):
+        assert len({got[b].queueId for b in batch}) == 1  # one request, one queue
+        first = got[batch[0]].queueOffset
+        assert [got[b].queueOffset for b in batch] == list(range(first, first + 4))
+
+    both = read(spark, namesrv=live.namesrv, topic="SpWOpt, SpWOpt2")
+    assert sorted(r.uniqKey for r in both) == sorted([r.uniqKey for r in got.values()] + later)
+
+    ending = {"SpWOpt": {"broker-a": {"3": 2}}}
+    bounded = read(spark, namesrv=live.namesrv, topic="SpWOpt",
+                   endingOffsets=json.dumps(ending))
+    assert sorted(r.uniqKey for r in bounded) == sorted(
+        r.uniqKey for r in got.values() if r.queueId != 3 or r.queueOffset < 2)
+
+    since = read(spark, namesrv=live.namesrv, topic="SpWOpt, SpWOpt2",
+                 startingOffsets=f"timestamp:{cut}")
+    assert sorted(r.uniqKey for r in since) == sorted(later)
 
 
 def test_a_restarted_stream_delivers_every_message_exactly_once(
@@ -122,6 +178,28 @@ def test_a_restarted_stream_delivers_every_message_exactly_once(
     second = produce(live.namesrv, "SpStream", 40, start=60)
     run_stream()
     keys = [r.uniqKey for r in spark.read.parquet(str(out)).collect()]
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(first + second)
+
+
+def test_a_stream_reads_a_topic_that_appears_while_it_runs(spark: SparkSession,
+                                                           live: Served) -> None:
+    first = produce(live.namesrv, "SpGrowA", 15)
+    query = (spark.readStream.format("evq").option("namesrv", live.namesrv)
+             .option("topicPattern", "SpGrow.*").option("startingOffsets", "earliest")
+             .option("maxMessagesPerTrigger", "10").load().select("uniqKey")
+             .writeStream.format("memory").queryName("sp_grow").start())
+    try:
+        query.processAllAvailable()
+        second = produce(live.namesrv, "SpGrowB", 12) + produce(live.namesrv, "SpGrowA", 3,
+                                                                start=15)
+        probe = stream_reader(namesrv=live.namesrv, topicPattern="SpGrow.*")
+        deadline = time.monotonic() + 10
+        while "SpGrowB" not in probe.initialOffset() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the broker registers a new topic with the name server at once
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    keys = [r.uniqKey for r in spark.table("sp_grow").collect()]
     assert len(keys) == len(set(keys)) and sorted(keys) == sorted(first + second)
 
 
@@ -150,6 +228,8 @@ def test_offline_read_equals_live_read(spark: SparkSession, tmp_path: Path) -> N
     ({"namesrv": "127.0.0.1:1", "topic": "T", "filter": "a >"}, "filter"),
     ({"namesrv": "127.0.0.1:1", "topic": "T", "bodyAs": "xml"}, "bodyAs"),
     ({"path": "/nonexistent-evq", "topic": "T"}, "path"),
+    ({"namesrv": "127.0.0.1:1", "topic": "T", "bodyAs": "json", "bodySchema": "id INT, n"},
+     "bodySchema"),
 ])
 def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[str, str],
                                             named: str) -> None:
@@ -157,48 +237,83 @@ def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[s
         read(spark, **options)
 
 
-def test_latest_offset_serves_both_spark_signatures(live: Served) -> None:
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-    from pyspark.sql.types import StructType
+def stream_reader(**options: str) -> EvqStreamReader:
+    return EvqStreamReader(parse_source(options, streaming=True), StructType())
 
-    from evq.spark.options import offsets_from_json, parse_source
-    from evq.spark.source import EvqStreamReader
 
+def total(doc: dict[str, Any]) -> int:
+    return sum(offsets_from_json(doc).values())
+
+
+def test_writes_append_and_refuse_to_overwrite(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("T", "x")], "topic STRING, body STRING")
+    with pytest.raises(Exception, match="evq option 'mode'"):
+        df.write.format("evq").option("namesrv", "127.0.0.1:1").mode("overwrite").save()
+
+
+def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
     produce(live.namesrv, "SpSig", 20)
-    opts = parse_source({"namesrv": live.namesrv, "topic": "SpSig",
-                         "startingOffsets": "earliest", "maxMessagesPerTrigger": "8"},
-                        streaming=True)
-    reader = EvqStreamReader(opts, StructType())
-
-    def total(doc: dict[str, object]) -> int:
-        return sum(offsets_from_json(doc).values())  # type: ignore[arg-type]
-
+    reader = stream_reader(namesrv=live.namesrv, topic="SpSig",
+                           startingOffsets="earliest",
+                           maxMessagesPerTrigger="8")
     start = reader.initialOffset()
     assert total(start) == 0
-    # Spark 4.0: no arguments; each call goes on from the last end, 8 messages at a time.
-    assert [total(reader.latestOffset()) for _ in range(4)] == [8, 16, 20, 20]
-    # Spark 4.2+: the engine's start and limit win over the option.
     assert total(reader.latestOffset(start, ReadMaxRows(5))) == 5
     assert total(reader.latestOffset(start, ReadAllAvailable())) == 20
     assert isinstance(reader.getDefaultReadLimit(), ReadMaxRows)
 
+    # Spark asks for the start before the first batch and again to plan it.
+    fresh = stream_reader(namesrv=live.namesrv, topic="SpSig", startingOffsets="latest")
+    start = fresh.initialOffset()
+    produce(live.namesrv, "SpSig", 3, start=20)
+    end = fresh.latestOffset(start, ReadAllAvailable())
+    assert fresh.initialOffset() == start and total(end) == total(start) + 3
 
-def test_starting_at_a_timestamp_skips_what_was_stored_before(live: Served) -> None:
-    import time
 
-    from pyspark.sql.types import StructType
+def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
+    """Spark 4.0's call order (MicroBatchExecution with a stream that has no admission
+    control): ``latestOffset()``; the start is the checkpoint's or, on a fresh query,
+    ``initialOffset()``; the previous batch's end is committed; then ``partitions(start,
+    end)``.  A restart replays a planned but uncommitted batch before anything else."""
+    produce(live.namesrv, "SpRestart", 20)
+    opts = {"startingOffsets": "earliest", "maxMessagesPerTrigger": "8"}
+    seen: list[str] = []
 
-    from evq.spark.options import parse_source
-    from evq.spark.source import EvqBatchReader
+    def run(reader: EvqStreamReader, start: dict[str, Any] | None, batches: int
+            ) -> dict[str, Any] | None:
+        """``batches`` micro-batches from the committed ``start``; the last end committed."""
+        for _ in range(batches):
+            end = reader.latestOffset()
+            begin = start if start is not None else reader.initialOffset()
+            if end == begin:
+                break
+            if start is not None:
+                reader.commit(start)
+            starts, ends = offsets_from_json(begin), offsets_from_json(end)
+            assert all(ends[q] >= o for q, o in starts.items())
+            seen.extend(row[5] for p in reader.partitions(begin, end) for row in reader.read(p))
+            start = end
+        return start
 
-    produce(live.namesrv, "SpTime", 10)
-    time.sleep(0.05)
-    cut = time.time_ns() // 1_000_000
-    time.sleep(0.05)
-    produce(live.namesrv, "SpTime", 7, start=10)
-    reader = EvqBatchReader(parse_source({"namesrv": live.namesrv, "topic": "SpTime",
-                                          "startingOffsets": f"timestamp:{cut}"},
-                                         streaming=False), StructType())
-    parts = reader.partitions()
-    rows = [row for p in parts for row in reader.read(p)]
-    assert sorted(int(r[9]) for r in rows) == list(range(10, 17))  # body column
+    first = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    committed = run(first, None, 2)
+    pending = first.latestOffset()  # batch planned into the offset log; the query dies
+    produce(live.namesrv, "SpRestart", 10, start=20)
+
+    second = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    seen.extend(row[5] for p in second.partitions(committed, pending)
+                for row in second.read(p))
+    assert total(second.latestOffset()) - total(pending) <= 8  # on from the replayed batch
+    second.commit(pending)
+    committed = run(second, pending, 1)
+    produce(live.namesrv, "SpRestart", 5, start=30)
+
+    third = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
+    run(third, committed, 10)
+    assert len(seen) == len(set(seen)) == 35
+
+    fresh = stream_reader(namesrv=live.namesrv, topic="SpRestart", startingOffsets="latest")
+    end = fresh.latestOffset()
+    produce(live.namesrv, "SpRestart", 3, start=35)  # before Spark asks for the start
+    assert fresh.initialOffset() == end
+    assert total(fresh.latestOffset()) == total(end) + 3
