@@ -14,22 +14,19 @@ import pytest
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
 from evq.client.producer import Producer, SendStatus
 from evq.domain.message import Message, new_message
-from tests.ha.group import Group, admin_tables, broker_group, committed, wait_caught_up
+from tests.ha.group import (
+    Group,
+    broker_group,
+    committed,
+    same_admin_answers,
+    until,
+    wait_caught_up,
+)
 
 TOPIC = "HaConsume"
 GROUP = "ha-consumers"
 QUEUES = 4  # the producer's defaultTopicQueueNums
 PER_PHASE = 200
-WAIT_S = 40.0
-
-
-async def until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not await cond():
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 async def produce(namesrv: str, phase: str) -> set[str]:
@@ -77,14 +74,9 @@ async def scenario(group: Group) -> Counter[str]:
     await asyncio.to_thread(group.start_master, "ASYNC_MASTER")
     await until(lambda: _equals(offsets_sum(group.master_addr), 2 * PER_PHASE),
                 "the returned master to take the slave's offsets")
-    await until(lambda: _same_admin_answers(group), "the slave's admin answers")
+    await until(lambda: same_admin_answers(group, f"{TOPIC}@{GROUP}"),
+                "the slave's admin answers")
     return seen
-
-
-async def _same_admin_answers(group: Group) -> bool:
-    master, slave = await asyncio.gather(admin_tables(group.master_addr),
-                                         admin_tables(group.slave_addr))
-    return master == slave and f"{TOPIC}@{GROUP}" in master["offsetTable"]  # type: ignore[operator]
 
 
 async def _equals(value: Awaitable[int], expected: int) -> bool:
