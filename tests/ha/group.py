@@ -80,11 +80,13 @@ class Group:
         wait_registered(self.namesrv, self.master_addr)
         return self.master
 
-    def start_slave(self, *extra: str) -> Running:
+    def start_slave(self, *extra: str, master_ha: bool = True) -> Running:
+        """Without ``master_ha`` the slave learns its master's HA address from the name
+        server's answer to its registration."""
+        named = ("--master-ha", f"{HOST}:{self.ha_port}") if master_ha else ()
         self.slave = self.stack.enter_context(running_evq(
             "--log-level", "warning", "broker", "--config", str(self.config), "--port", "0",
-            "--role", "SLAVE",
-            "--broker-id", "1", "--master-ha", f"{HOST}:{self.ha_port}",
+            "--role", "SLAVE", "--broker-id", "1", *named,
             "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1,
             stderr=self.stack.enter_context((self.root / "slave.log").open("a"))))
         return self.slave
