@@ -127,7 +127,11 @@ class HASlave:
             step = follow(answer, claim.slave_max)
             if step.stream_from is not None:
                 return step.stream_from
-            if step.truncate_to is not None:
+            if step.begin_at is not None:
+                log.warning("ha_log_begins_at_master_min", begin=step.begin_at)
+                await asyncio.to_thread(self._log.begin_at, step.begin_at)
+                claim = await asyncio.to_thread(hello, self._window)
+            elif step.truncate_to is not None:
                 log.warning("ha_divergent_tail_dropped", cut_to=step.truncate_to,
                             dropped_bytes=claim.slave_max - step.truncate_to)
                 await asyncio.to_thread(self._truncate, step.truncate_to)
