@@ -15,8 +15,9 @@ import attrs
 
 from evq.backends.config import StoreConfig
 from evq.backends.registry import open_log
+from evq.client.producer import Producer, SendStatus
 from evq.domain.log import GetStatus, MessageLog
-from evq.domain.message import Prop
+from evq.domain.message import Prop, new_message
 from evq.domain.record import decode
 from evq.ha.log_window import LogWindow
 from evq.net import fastjson
@@ -213,3 +214,13 @@ def read_store(path: Path, topic: str) -> StoreContents:
         return StoreContents(queues, raw)
     finally:
         log.close()
+
+
+async def produce_numbered(namesrv: str, topic: str, prefix: str, n: int, *,
+                           repeat: int = 1) -> None:
+    """Send ``prefix0`` .. ``prefix{n-1}`` (each body repeated ``repeat`` times) to ``topic``;
+    every send must be acknowledged."""
+    async with Producer(f"ha-{topic}", namesrv) as producer:
+        for i in range(n):
+            r = await producer.send(new_message(topic, f"{prefix}{i}".encode() * repeat))
+            assert r.status is SendStatus.SEND_OK

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from evq.client.producer import Producer, SendStatus
-from evq.domain.message import new_message
 from tests.ha.group import (
     broker_group,
     commit_offset,
+    produce_numbered,
     read_store,
     same_admin_answers,
     until,
@@ -29,10 +28,7 @@ READERS = "ha-fork-readers"
 
 
 async def produce(namesrv: str, prefix: str, n: int, topic: str = TOPIC) -> None:
-    async with Producer("ha-fork", namesrv) as producer:
-        for i in range(n):
-            r = await producer.send(new_message(topic, f"{prefix}{i}".encode() * 20))
-            assert r.status is SendStatus.SEND_OK
+    await produce_numbered(namesrv, topic, prefix, n, repeat=20)
 
 
 @pytest.mark.slow

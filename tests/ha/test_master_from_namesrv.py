@@ -8,18 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from evq.client.producer import Producer, SendStatus
-from evq.domain.message import new_message
-from tests.ha.group import broker_group, read_store, wait_caught_up
+from tests.ha.group import broker_group, produce_numbered, read_store, wait_caught_up
 
 TOPIC = "HaLearned"
 
 
 async def produce(namesrv: str, prefix: str, n: int) -> None:
-    async with Producer("ha-learned", namesrv) as producer:
-        for i in range(n):
-            r = await producer.send(new_message(TOPIC, f"{prefix}{i}".encode()))
-            assert r.status is SendStatus.SEND_OK
+    await produce_numbered(namesrv, TOPIC, prefix, n)
 
 
 @pytest.mark.slow
