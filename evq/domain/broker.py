@@ -168,9 +168,8 @@ class Broker:
         self._code = tags_code_fn(self.delay_levels)
         self._meta = metadata
         self._lock = threading.RLock()
-        rows, watermark = metadata.load()
-        self._state = MetadataState.from_rows(rows)
-        self._watermark = self._checked_watermark(watermark)
+        self._state = MetadataState()
+        self._watermark = Watermark()
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty: set[OffsetKey] = set()
         self._pending_resets: dict[OffsetKey, int] = {}
@@ -181,12 +180,43 @@ class Broker:
         # consumers lock again within their 20 s renewal.
         self.locks = RebalanceLockManager(clock=clock,
                                           max_live_s=self.config.lock_max_live_ms / 1000)
-        self.catch_up()
-        self._offsets.update(self._state.offsets)
+        self._project()
         if not self.config.is_slave:
             self._create_system_topics()
 
     # --- metadata: events in, projection out -------------------------------------------------
+
+    def _project(self) -> None:
+        """Load the metadata store and apply the log beyond its watermark: start-up, and a
+        rebuild from the log once the store was cleared (as a deleted database is)."""
+        with self._lock:
+            rows, watermark = self._meta.load()
+            self._state = MetadataState.from_rows(rows)
+            self._watermark = self._checked_watermark(watermark)
+            self._offsets.clear()
+            self._dirty.clear()
+            self._pending_resets.clear()
+            self.catch_up()
+            self._offsets.update(self._state.offsets)
+
+    def truncate_log(self, physical_offset: int) -> None:
+        """Cut the log back to ``physical_offset``, as a replica drops a divergent tail, and
+        the metadata with it.  Events do not run backwards, so a cut below the watermark
+        clears the store and replays the remaining log: topics, groups and offsets the cut
+        records made are forgotten, the master's replicated next are applied.  Offsets
+        consumers committed here are dropped too (they may count messages that were cut);
+        consumers commit theirs again within their persist interval.  Metadata events that
+        expired from the log cannot be replayed: that case is logged."""
+        with self._lock:
+            self.log.truncate(physical_offset)
+            if physical_offset >= self._watermark.physical_offset:
+                return
+            expired, _hi = self.log.bounds(tp.META_TOPIC, 0)
+            log.warning("metadata_rebuilt_from_log", cut_to=physical_offset,
+                        watermark=self._watermark.physical_offset,
+                        expired_events=expired)
+            self._meta.clear()
+            self._project()
 
     def _checked_watermark(self, w: Watermark) -> Watermark:
         """A projection ahead of the log means the log lost its tail (power loss on an

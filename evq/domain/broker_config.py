@@ -37,7 +37,7 @@ class BrokerConfig:
     file_reserved_hours: float = 72  # halves older than this are dropped by the checker
     slave_read_enable: bool = False
     access_message_in_memory_max_ratio: int = 40
-    total_memory_bytes: int = 8 * 1024**3  # the edge passes the machine's physical memory
+    total_memory_bytes: int = 8 * 1024**3  # `evq broker` sets the machine's physical memory
     offset_snapshot_interval_ms: int = 5000  # flushConsumerOffsetInterval
     delay_poll_interval_ms: int = 100
     lock_max_live_ms: int = 60_000  # rocketmq.broker.rebalance.lockMaxLiveTime

@@ -74,6 +74,13 @@ class ReplicationError(LogError):
     """Replicated bytes that do not continue this log (wrong offset, broken record)."""
 
 
+def check_empty(min_offset: int, max_offset: int) -> None:
+    """:meth:`MessageLog.begin_at`'s precondition: a log with bytes keeps its start."""
+    if max_offset != min_offset:
+        raise ReplicationError(f"only an empty log begins anew; this one holds "
+                               f"[{min_offset}, {max_offset})")
+
+
 @attrs.define(slots=True)
 class AppendResult:
     """Where a record landed.  Not frozen: one is built per appended message, and attrs'
@@ -254,6 +261,12 @@ class MessageLog(abc.ABC):
         """Append bytes read from another log's :meth:`read_log` at the same offset and
         dispatch every record they complete.  Returns the new max physical offset.  Raises
         :class:`ReplicationError` if ``physical_offset`` is not this log's end."""
+
+    @abc.abstractmethod
+    def begin_at(self, physical_offset: int) -> None:
+        """Make this empty log begin at ``physical_offset`` instead of 0: how a new replica
+        joins a master whose first segments expired (RocketMQ starts it at the master's
+        current log).  Raises :class:`ReplicationError` if the log holds bytes."""
 
     @abc.abstractmethod
     def truncate(self, physical_offset: int) -> None:

@@ -177,6 +177,11 @@ class MetadataStore(abc.ABC):
         """Apply ``changes`` and move the watermark, atomically."""
 
     @abc.abstractmethod
+    def clear(self) -> None:
+        """Drop every row and the watermark, atomically: the store then rebuilds from the
+        log as a deleted database does (how a replica forgets a cut-off tail's events)."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
 
@@ -197,6 +202,10 @@ class MemoryMetadataStore(MetadataStore):
             else:
                 self.rows[(c.table, c.key)] = c.value
         self.watermark = watermark
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.watermark = Watermark()
 
     def close(self) -> None:
         pass

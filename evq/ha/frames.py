@@ -15,7 +15,8 @@ forked tail, is cut back instead of serving a log no master ever had::
 
     master -> slave  ANSWER (9 bytes)
      0      1  KIND         b"S" stream from OFFSET, b"T" truncate to OFFSET,
-                            b"P" probe at OFFSET (send another HELLO), b"R" refused
+                            b"P" probe at OFFSET (send another HELLO), b"R" refused,
+                            b"B" begin the (empty) log at OFFSET (send another HELLO)
      1      8  OFFSET
 
 **Streaming** (RocketMQ's HA protocol as it is)::
@@ -58,6 +59,7 @@ class AnswerKind(enum.Enum):
     TRUNCATE = b"T"
     PROBE = b"P"
     REFUSED = b"R"
+    BEGIN = b"B"
 
 
 @attrs.frozen(slots=True)

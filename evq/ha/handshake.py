@@ -7,6 +7,7 @@ ending at ``probe_end``.  The master answers from its own log, by this table (``
     situation (checked in order)                 answer
     -------------------------------------------  --------------------------------------------
     probe_end > master end                       PROBE at master end (slave holds lost bytes)
+    start < master min, the slave's log empty    BEGIN at master min (its first bytes expired)
     start < master min                           REFUSED (the bytes to compare are gone)
     window CRCs equal, probe_end == slave end    STREAM from slave end
     window CRCs equal, probe_end <  slave end    TRUNCATE to probe_end (a proven common point)
@@ -16,7 +17,12 @@ ending at ``probe_end``.  The master answers from its own log, by this table (``
 
 A PROBE offset is always a record start in the master's log (its end is one too), so when the
 slave's window before it matches, the offset is a record boundary of the common prefix and
-safe to truncate to.  Every PROBE moves strictly back, so the exchange ends.  Windows are
+safe to truncate to.  Every PROBE moves strictly back, so the exchange ends.
+An empty slave (a window of length 0 ending at its end) that the master's expiry left behind
+starts its log at the master's min offset, as RocketMQ starts a new slave at the master's
+current log, and says hello again from there; a slave holding bytes below the master's min is
+refused for good (nothing proves its log agrees with the master's, so it is an operator's
+call: empty its store).  Windows are
 compared, not whole logs: a divergence is taken to show in the last :data:`WINDOW` bytes before
 a probe (forked records differ in store time, offsets or body), which is what a master that
 lost or rewrote its tail produces.
@@ -72,7 +78,8 @@ def decide(claim: Hello, master: LogSide) -> Answer:
         return Answer(AnswerKind.PROBE, master.max_offset)
     start = claim.probe_end - claim.probe_len
     if start < master.min_offset:
-        return Answer(AnswerKind.REFUSED, master.min_offset)
+        empty = claim.probe_len == 0 and claim.probe_end == claim.slave_max
+        return Answer(AnswerKind.BEGIN if empty else AnswerKind.REFUSED, master.min_offset)
     if master.crc(start, claim.probe_end) == claim.probe_crc:
         if claim.probe_end == claim.slave_max:
             return Answer(AnswerKind.STREAM, claim.slave_max)
@@ -89,10 +96,12 @@ def decide(claim: Hello, master: LogSide) -> Answer:
 @attrs.frozen(slots=True)
 class SlaveStep:
     """What the slave does with an answer: send ``hello_at`` as the next probe, or cut its log
-    to ``truncate_to`` and say hello again, or stream from ``stream_from``."""
+    to ``truncate_to`` (or begin its empty log at ``begin_at``) and say hello again, or stream
+    from ``stream_from``."""
 
     probe_at: int | None = None
     truncate_to: int | None = None
+    begin_at: int | None = None
     stream_from: int | None = None
 
 
@@ -100,7 +109,12 @@ def follow(answer: Answer, slave_max: int) -> SlaveStep:
     """The slave's reading of an answer, checked against its own log end."""
     if answer.kind is AnswerKind.REFUSED:
         raise HandshakeError(f"the master refused replication from {slave_max} "
-                             f"(it holds the log from {answer.offset})")
+                             f"(it holds the log from {answer.offset}); a slave whose "
+                             f"log starts below that must be emptied to follow it")
+    if answer.kind is AnswerKind.BEGIN:
+        if answer.offset < slave_max:
+            raise HandshakeError(f"begin at {answer.offset}, before this log's end {slave_max}")
+        return SlaveStep(begin_at=answer.offset)
     if not 0 <= answer.offset <= slave_max:
         raise HandshakeError(f"{answer.kind.name} at {answer.offset}, past this log's end "
                              f"{slave_max}")

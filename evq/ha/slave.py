@@ -49,13 +49,16 @@ class Backoff:
 
 class HASlave:
     """Keeps ``message_log`` a copy of the master's.  ``master_addr`` is asked before each
-    connection attempt (None: not known yet)."""
+    connection attempt (None: not known yet).  ``truncate`` cuts a divergent tail; a broker
+    passes one that rolls its metadata back with the log (the log's own by default)."""
 
     def __init__(self, message_log: MessageLog, master_addr: Callable[[], str | None], *,
                  report_interval_s: float = REPORT_INTERVAL_S,
                  backoff: Backoff | None = None,
-                 on_streaming: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_streaming: Callable[[], Awaitable[None]] | None = None,
+                 truncate: Callable[[int], None] | None = None) -> None:
         self._log = message_log
+        self._truncate = truncate or message_log.truncate
         self._window = LogWindow(message_log)
         self._master_addr = master_addr
         self._report_interval_s = report_interval_s
@@ -124,10 +127,14 @@ class HASlave:
             step = follow(answer, claim.slave_max)
             if step.stream_from is not None:
                 return step.stream_from
-            if step.truncate_to is not None:
+            if step.begin_at is not None:
+                log.warning("ha_log_begins_at_master_min", begin=step.begin_at)
+                await asyncio.to_thread(self._log.begin_at, step.begin_at)
+                claim = await asyncio.to_thread(hello, self._window)
+            elif step.truncate_to is not None:
                 log.warning("ha_divergent_tail_dropped", cut_to=step.truncate_to,
                             dropped_bytes=claim.slave_max - step.truncate_to)
-                await asyncio.to_thread(self._log.truncate, step.truncate_to)
+                await asyncio.to_thread(self._truncate, step.truncate_to)
                 claim = await asyncio.to_thread(hello, self._window)
             else:
                 claim = await asyncio.to_thread(hello, self._window, step.probe_at)

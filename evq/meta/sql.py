@@ -105,5 +105,10 @@ class SqlMetadataStore(MetadataStore):
                 id=1, queue_offset=watermark.queue_offset,
                 physical_offset=watermark.physical_offset))
 
+    def clear(self) -> None:
+        with self._engine.begin() as conn:
+            for table in (*_tables.values(), _watermark):
+                conn.execute(table.delete())
+
     def close(self) -> None:
         self._engine.dispose()

@@ -1039,6 +1039,38 @@ def test_replica_follows_a_new_master_after_dropping_its_divergent_tail(
     assert snapshot(b, keys) == snapshot(c, keys)
 
 
+def test_an_empty_replica_begins_where_its_master_log_begins(
+    open_log: OpenLog, clock: ManualClock, tmp_path: Path
+) -> None:
+    """A master whose first segments expired is followed by an empty replica from its min
+    offset on; the replica answers as the master does, also after a reopen."""
+    a = open_log(tmp_path / "a")
+    keys = fill_mixed(a, clock, 200)
+    a.expire(force=True)
+    a.expire(force=True)
+    begin = a.min_physical_offset
+    assert begin > 0
+    b = open_log(tmp_path / "b")
+    with pytest.raises(ReplicationError):
+        b.append_replicated(begin, a.read_log(begin, 1000))
+    b.begin_at(begin)
+    assert (b.min_physical_offset, b.max_physical_offset) == (begin, begin)
+    replicate(a, b, awkward_chunks())
+    assert raw_log(b) == raw_log(a)
+    assert walk(b) == walk(a)
+    for topic, q in a.queues():
+        assert b.bounds(topic, q) == a.bounds(topic, q)
+        assert read_all(b, topic, q) == read_all(a, topic, q)
+    for topic, ks in keys.items():
+        for k in ks:
+            assert keys_of(b, topic, k) == keys_of(a, topic, k)
+    b.close()
+    b = open_log(tmp_path / "b")
+    assert (b.min_physical_offset, b.max_physical_offset) == (begin, a.max_physical_offset)
+    with pytest.raises(ReplicationError):
+        b.begin_at(a.max_physical_offset)
+
+
 def test_local_appends_after_truncate_reuse_the_offsets(open_log: OpenLog) -> None:
     log = open_log()
     r = append(log, *(message("T", b"x" * 100, keys=f"k{i}") for i in range(10)))

@@ -14,6 +14,7 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.log import GetStatus, PutStatus
 from evq.domain.message import Prop
+from evq.domain.metadata import Table
 from evq.domain.queues import MessageQueue
 from evq.domain.topics import TopicConfig
 from evq.meta.sql import SqlMetadataStore
@@ -286,6 +287,26 @@ def test_projection_is_rebuilt_from_the_log(open_broker: OpenBroker, tmp_path: P
     assert b.topic("A") is None
     assert b.topic("B") is not None
     assert b.query_offset("g", "B", 1) == 4
+
+
+def test_truncating_the_log_rolls_the_metadata_back(open_broker: OpenBroker,
+                                                     tmp_path: Path) -> None:
+    b = open_broker()
+    topic(b, "KEPT")
+    b.commit_offset("g", "KEPT", 0, 2)
+    b.snapshot_offsets()
+    common = b.log.max_physical_offset
+    topic(b, "CUT")
+    b.create_group(SubscriptionGroupConfig(group_name="CUT_GROUP"))
+    b.commit_offset("g", "KEPT", 0, 9)
+    b.snapshot_offsets()
+    b.truncate_log(common)
+    assert b.topic("CUT") is None and b.group("CUT_GROUP") is None
+    assert b.topic("KEPT") is not None and b.query_offset("g", "KEPT", 0) == 2
+    topic(b, "AFTER")  # events appended at the cut offsets are applied, not skipped
+    assert b.topic("AFTER") is not None
+    rows, _w = SqlMetadataStore.in_dir(tmp_path / "config").load()
+    assert {r.key[0] for r in rows if r.table is Table.TOPICS} == set(b.topics())
 
 
 def test_offsets_snapshot_on_the_clock(broker: Broker, clock: ManualClock, tmp_path: Path

@@ -8,15 +8,16 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import attrs
 
 from evq.backends.config import StoreConfig
 from evq.backends.registry import open_log
+from evq.client.producer import Producer, SendStatus
 from evq.domain.log import GetStatus, MessageLog
-from evq.domain.message import Prop
+from evq.domain.message import Prop, new_message
 from evq.domain.record import decode
 from evq.ha.log_window import LogWindow
 from evq.net import fastjson
@@ -27,6 +28,7 @@ from tests.processes import Running, running_broker, running_evq, running_namesr
 
 HOST = "127.0.0.1"
 CATCH_UP_S = 30.0
+WAIT_S = 40.0
 
 
 def free_port() -> int:
@@ -73,11 +75,13 @@ class Group:
             "--ha-port", str(self.ha_port), "--role", role, *extra, port=self.master_port))
         return self.master
 
-    def start_slave(self, *extra: str) -> Running:
+    def start_slave(self, *extra: str, master_ha: bool = True) -> Running:
+        """Without ``master_ha`` the slave learns its master's HA address from the name
+        server's answer to its registration."""
+        named = ("--master-ha", f"{HOST}:{self.ha_port}") if master_ha else ()
         self.slave = self.stack.enter_context(running_evq(
             "--log-level", "warning", "broker", "--config", str(self.config), "--port", "0",
-            "--role", "SLAVE",
-            "--broker-id", "1", "--master-ha", f"{HOST}:{self.ha_port}",
+            "--role", "SLAVE", "--broker-id", "1", *named,
             "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1,
             stderr=self.stack.enter_context((self.root / "slave.log").open("a"))))
         return self.slave
@@ -120,9 +124,39 @@ async def committed(addr: str, group: str, topic: str, queues: int) -> list[int]
     return out
 
 
-async def admin_tables(addr: str) -> dict[str, object]:
+async def commit_offset(addr: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    """Commit a consumer offset on one broker, as a consumer's UPDATE_CONSUMER_OFFSET does."""
+    async with RemotingClient(*split_address(addr)) as client:
+        answer = await client.invoke(RemotingCommand.request(
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            {"consumerGroup": group, "topic": topic, "queueId": queue_id,
+             "commitOffset": offset}), 5.0)
+    assert answer.code == 0, answer.remark
+
+
+async def until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``cond`` until it holds, or fail naming ``what`` after :data:`WAIT_S`."""
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not await cond():
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def same_admin_answers(group: Group, offsets_of: str) -> bool:
+    """Master and slave answer the admin tables alike, and the offset table holds
+    ``offsets_of`` (``topic@group``), so two empty answers do not pass."""
+    master, slave = await asyncio.gather(admin_tables(group.master_addr),
+                                         admin_tables(group.slave_addr))
+    return (master is not None and master == slave
+            and offsets_of in master["offsetTable"])  # type: ignore[operator]
+
+
+async def admin_tables(addr: str) -> dict[str, object] | None:
     """What an operator's tools read from a broker: every topic config, subscription group,
-    consumer offset and delay offset (data versions left out: each broker stamps its own)."""
+    consumer offset and delay offset (data versions left out: each broker stamps its own).
+    None when the broker refuses one (a slave cut back to nothing has no topic to list)."""
     out: dict[str, object] = {}
     async with RemotingClient(*split_address(addr)) as client:
         for code, table in ((RequestCode.GET_ALL_TOPIC_CONFIG, "topicConfigTable"),
@@ -131,6 +165,8 @@ async def admin_tables(addr: str) -> dict[str, object]:
                             (RequestCode.GET_ALL_CONSUMER_OFFSET, "offsetTable"),
                             (RequestCode.GET_ALL_DELAY_OFFSET, "delay:offsetTable")):
             answer = await client.invoke(RemotingCommand.request(code, {}), 5.0)
+            if answer.code != 0:
+                return None
             out[table] = fastjson.loads(answer.body.decode())[table.rpartition(":")[2]]
     return out
 
@@ -178,3 +214,13 @@ def read_store(path: Path, topic: str) -> StoreContents:
         return StoreContents(queues, raw)
     finally:
         log.close()
+
+
+async def produce_numbered(namesrv: str, topic: str, prefix: str, n: int, *,
+                           repeat: int = 1) -> None:
+    """Send ``prefix0`` .. ``prefix{n-1}`` (each body repeated ``repeat`` times) to ``topic``;
+    every send must be acknowledged."""
+    async with Producer(f"ha-{topic}", namesrv) as producer:
+        for i in range(n):
+            r = await producer.send(new_message(topic, f"{prefix}{i}".encode() * repeat))
+            assert r.status is SendStatus.SEND_OK

@@ -60,7 +60,10 @@ def agree(master: MessageLog, slave: MessageLog, window: int) -> Outcome:
         step = follow(decide(Hello.decode(claim.encode()), m), s.max_offset)
         if step.stream_from is not None:
             return Outcome(cuts, rounds)
-        if step.truncate_to is not None:
+        if step.begin_at is not None:
+            slave.begin_at(step.begin_at)
+            claim = hello(s, window=window)
+        elif step.truncate_to is not None:
             cuts.append(step.truncate_to)
             slave.truncate(step.truncate_to)
             claim = hello(s, window=window)
@@ -156,6 +159,41 @@ def test_empty_slave_streams_from_zero(logs: tuple[MessageLog, MessageLog]) -> N
     assert decide(hello(LogWindow(slave)), LogWindow(master)) == Answer(AnswerKind.STREAM, 0)
 
 
+@given(segments=st.integers(1, 3), tail=bodies, backend=st.sampled_from(["memory", "mmap"]),
+       window=st.sampled_from([64, 1 << 20]))
+def test_empty_slave_begins_at_the_min_of_a_master_whose_first_segments_expired(
+    segments: int, tail: list[int], backend: str, window: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        master, slave = pair(Path(tmp), backend)
+        try:
+            fill(master, [2000] * 40 * segments, b"p")
+            fill(master, tail, b"t")
+            for _ in range(segments):
+                master.expire(force=True)
+            assert master.min_physical_offset > 0
+            outcome = agree(master, slave, window)
+            assert outcome.truncated_to == [] and outcome.rounds == 2
+            assert slave.min_physical_offset == master.min_physical_offset
+            replicate(master, slave)
+            assert raw(slave) == raw(master)
+        finally:
+            master.close()
+            slave.close()
+
+
+def test_slave_holding_bytes_below_the_master_min_is_refused(
+    logs: tuple[MessageLog, MessageLog],
+) -> None:
+    master, slave = logs
+    fill(master, [2000] * 80, b"p")
+    slave.append_replicated(0, master.read_log(0, 20_000))  # the slave fell behind in there
+    master.expire(force=True)
+    assert 0 < slave.max_physical_offset < master.min_physical_offset
+    with pytest.raises(HandshakeError, match="emptied"):
+        agree(master, slave, 64)
+
+
 def test_slave_refuses_answers_past_its_end() -> None:
     with pytest.raises(HandshakeError, match="past"):
         follow(Answer(AnswerKind.TRUNCATE, 11), 10)
@@ -163,3 +201,5 @@ def test_slave_refuses_answers_past_its_end() -> None:
         follow(Answer(AnswerKind.STREAM, 5), 10)
     with pytest.raises(HandshakeError, match="refused"):
         follow(Answer(AnswerKind.REFUSED, 5), 10)
+    with pytest.raises(HandshakeError, match="begin at"):
+        follow(Answer(AnswerKind.BEGIN, 5), 10)

@@ -52,6 +52,34 @@ async def until(cond: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.parametrize("slave_backend", ["mmap", "memory"])
+@in_loop
+async def test_empty_slave_follows_a_master_whose_first_segments_expired(
+    tmp_path: Path, slave_backend: str
+) -> None:
+    clock = ManualClock()
+    master_log = open_log("mmap", tmp_path / "m", SMALL, clock=clock, background=False)
+    slave_log = open_log(slave_backend, tmp_path / "s", SMALL, clock=clock, background=False)
+    fill(master_log, 300, b"a")
+    master_log.expire(force=True)
+    assert master_log.min_physical_offset > 0
+    master = HAMaster(master_log, "127.0.0.1", 0)
+    await master.start()
+    slave = HASlave(slave_log, lambda: master.address)
+    slave.start()
+    try:
+        await until(lambda: slave_log.max_physical_offset == master_log.max_physical_offset)
+        assert slave_log.min_physical_offset == master_log.min_physical_offset
+        assert raw(slave_log) == raw(master_log)
+        end = fill(master_log, 20, b"b")
+        assert await master.wait_replicated(end, WAIT_S) is PutStatus.PUT_OK
+    finally:
+        await slave.shutdown()
+        await master.shutdown()
+        slave_log.close()
+        master_log.close()
+
+
 @pytest.mark.parametrize("slave_backend", ["mmap", "lmdb", "memory"])
 @in_loop
 async def test_slave_on_any_backend_follows_the_master_and_acknowledges(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 from evq.domain.codes import ResponseCode
@@ -183,3 +184,10 @@ async def test_sync_flush_broker_acknowledges_after_the_group_commit(tmp_path: P
         assert {a.code for a in answers} == {ResponseCode.SUCCESS}
         assert b.ctx is not None
         assert b.ctx.core.log.durable_offset >= b.ctx.core.log.max_physical_offset
+
+
+async def test_slave_read_rule_weighs_this_machines_memory(tmp_path: Path) -> None:
+    async with broker(tmp_path) as server:
+        assert server.ctx is not None
+        assert server.ctx.core.config.total_memory_bytes == (
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

@@ -62,6 +62,7 @@ from evq.domain.log import (
     ReadResult,
     ReplicationError,
     TagFilter,
+    check_empty,
 )
 from evq.domain.message import decode_properties, host_bytes
 from evq.domain.record import TagsCodeFn, default_tags_code
@@ -556,6 +557,15 @@ class KeyedMessageLog(MessageLog):
         nexts[key] = f.queue_offset + 1
         return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
                           f.store_timestamp, f.sysflag), index_last
+
+    def begin_at(self, physical_offset: int) -> None:
+        with self._put_lock:
+            driver = self._check_open()
+            check_empty(self._min, self.max_physical_offset)
+            self._commit(driver.batch(), physical_offset, {}, {}, self._index_last,
+                         physical_offset)
+            if self._flusher is not None:
+                self._flusher.durable = physical_offset
 
     def truncate(self, physical_offset: int) -> None:
         with self._put_lock:

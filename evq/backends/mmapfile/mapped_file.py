@@ -401,6 +401,18 @@ class MappedFileQueue:
             self.files = keep
         return dropped
 
+    def begin_at(self, start: int) -> MappedFile:
+        """Drop every segment (and the successor pre-built for the last, which would leave a
+        gap before ``start`` on disk) and begin the queue at ``start``."""
+        with self.lock:
+            gone, self.files = self.files, []
+        for mf in gone:
+            mf.destroy()
+            if self.allocator is not None:
+                self.allocator.take(self.directory / segment_name(mf.end), mf.end, mf.size,
+                                    successor=False).destroy()
+        return self.new_segment(start)
+
     def delete_first(self, count: int) -> list[MappedFile]:
         """Remove the ``count`` oldest segments (expiry); never the last one."""
         with self.lock:

@@ -57,6 +57,7 @@ from evq.domain.log import (
     ReadResult,
     ReplicationError,
     TagFilter,
+    check_empty,
 )
 from evq.domain.message import decode_properties, host_bytes
 from evq.domain.record import TagsCodeFn, default_tags_code
@@ -632,6 +633,20 @@ class MmapMessageLog(MessageLog):
             return True
         size, magic = rec.peek(mf.mm, rel)
         return magic in (rec.MAGIC_V1, rec.MAGIC_V2) and size > end - pos
+
+    def begin_at(self, physical_offset: int) -> None:
+        with self._put_lock:
+            if self._closed:
+                raise LogClosed("the log is closed")
+            check_empty(self.min_physical_offset, self.max_physical_offset)
+            size = self.config.commitlog_segment_size
+            if physical_offset % size:  # recovery scans segments from their first byte
+                raise ReplicationError(f"this store begins only at a multiple of its segment "
+                                       f"size {size}, not at {physical_offset}")
+            self._log.begin_at(physical_offset)
+            self._dispatched = physical_offset
+            if self._flusher is not None:
+                self._flusher.durable = physical_offset
 
     def truncate(self, physical_offset: int) -> None:
         with self._put_lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 
 import attrs
@@ -49,6 +50,12 @@ log = structlog.get_logger(__name__)
 MEMBERSHIP_SCAN_S = 10.0
 HAND_BACK_S = 5.0
 PROCESSOR_MODULES = (send, pull, clients, queries, admin)
+
+
+def physical_memory() -> int:
+    """This machine's RAM: how much of the log the page cache can hold, which decides when a
+    pull is far enough behind to be sent to a slave (``accessMessageInMemoryMaxRatio``)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @attrs.define(slots=True)
@@ -113,7 +120,8 @@ class BrokerServer:
     async def _open(self) -> None:
         s = self.settings
         host = (s.net.host, self.server.port)
-        broker_config = attrs.evolve(s.broker, store_host=host)
+        broker_config = attrs.evolve(s.broker, store_host=host,
+                                     total_memory_bytes=physical_memory())
         store_config = attrs.evolve(s.store, store_host=host)
         engine = await asyncio.to_thread(
             Engine.open, s.net.store_path_root_dir, s.net.backend, store_config=store_config,
@@ -154,7 +162,8 @@ class BrokerServer:
         message_log = ctx.core.log
         if s.broker.is_slave:
             self.ha_slave = HASlave(message_log, self._master_ha_addr,
-                                    on_streaming=self._hand_back_offsets)
+                                    on_streaming=self._hand_back_offsets,
+                                    truncate=ctx.core.truncate_log)
             self.ha_slave.start()
             return
         master = HAMaster(message_log, s.net.host, s.net.ha_port)
