@@ -5,11 +5,17 @@ coroutine on the wrapper's own loop and blocks until it finishes, so the client 
 implementation and the wrapper only carries calls across the thread boundary.  The consumers'
 background work (heartbeats, rebalancing, auto-commit, a push consumer's pulls) runs on that
 loop between calls; a push consumer's plain-function listener runs in worker threads.
+
+:meth:`SyncProducer.send_async` is RocketMQ's ``send(msg, SendCallback)`` for such scripts: it
+returns a :class:`concurrent.futures.Future` at once, and ``add_done_callback`` on it plays the
+part of ``onSuccess``/``onException``.  Asyncio code has no need of it: a task of
+:meth:`Producer.send` is already that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
@@ -39,8 +45,12 @@ class LoopThread:
                                         name="evq-client-loop")
         self._thread.start()
 
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Start ``coro`` on the loop; its future's callbacks run in the loop's thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self.submit(coro).result()
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -61,6 +71,12 @@ class SyncProducer:
 
     def send(self, msg: Message) -> SendResult:
         return self._thread.run(self._producer.send(msg))
+
+    def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
+        """Send without waiting: the future holds the :class:`SendResult` or the exception
+        :meth:`send` would have raised.  Callbacks added to it run in the client's loop
+        thread, between its network work, so they must not block."""
+        return self._thread.submit(self._producer.send(msg))
 
     def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         return self._thread.run(self._producer.send_batch(msgs))

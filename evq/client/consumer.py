@@ -31,7 +31,7 @@ from typing import Any, Final
 import attrs
 import structlog
 
-from evq.client.broker_choice import MASTER_ID, BrokerChoice
+from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import ClientError, NotStarted
 from evq.client.flow_control import HOLD_S, FlowLimits, Holds
 from evq.client.group import (
@@ -53,13 +53,7 @@ from evq.client.offsets import (
 )
 from evq.client.orderly import LOCK_RENEW_S, SUSPEND_S, Orderly, OrderlyConsumption
 from evq.client.process_queue import ProcessQueue
-from evq.client.pulling import (
-    LONG_POLL_TIMEOUT_S,
-    PullStatus,
-    Subscription,
-    parse_pull,
-    pull_request,
-)
+from evq.client.pulling import LONG_POLL_TIMEOUT_S, SUSPEND_MS, PullStatus, Subscription
 from evq.client.routes import REFRESH_S, BrokerPool, Routes
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -154,7 +148,6 @@ class PushConsumer:
         self._slots = asyncio.Semaphore(self.options.consume_concurrency)
         self._holds = Holds()
         self._routes: Routes | None = None
-        self._brokers = BrokerChoice(clock)
         self._pool: BrokerPool | None = None
         self._member: GroupMember | None = None
         self._offsets: OffsetStore | None = None
@@ -199,9 +192,9 @@ class PushConsumer:
         self._member = member = GroupMember(
             self.group, self.client_id, routes, pool, namesrv=self._namesrv,
             subscriptions=self._subs, consume_type=ConsumeType.PASSIVELY, model=self.model,
-            consume_from=o.consume_from, strategy=o.strategy, brokers=self._brokers)
-        self._offsets = (RemoteOffsets(self.group, pool, lambda name: self._brokers
-                                       .offset_target(routes.group_addresses(name)))
+            consume_from=o.consume_from, strategy=o.strategy, brokers=BrokerChoice(self._clock))
+        self._offsets = (RemoteOffsets(self.group, pool, member.offset_address,
+                                       member.broker_failed)
                          if self.model is MessageModel.CLUSTERING
                          else LocalOffsets(self._offsets_file))
         if isinstance(self._listener, Orderly):
@@ -284,7 +277,7 @@ class PushConsumer:
             await self._orderly.lock({q: o.pq for q, o in self._owned.items()})
 
     async def _take(self, queue: MessageQueue) -> bool:
-        routes, pool, _, offsets = self._started()
+        _, pool, member, offsets = self._started()
         pq = ProcessQueue(0)
         # An orderly queue is locked before its offset is read: the previous owner commits
         # before it unlocks, so the offset read now is where it stopped.
@@ -294,7 +287,7 @@ class PushConsumer:
         try:
             start = await offsets.read(queue)
             if start < 0:
-                addr = self._brokers.offset_target(routes.group_addresses(queue.broker_name))
+                addr = member.offset_address(queue.broker_name)
                 if (self.options.consume_from is ConsumeFrom.FIRST_OFFSET
                         or queue.topic.startswith(tp.RETRY_PREFIX) or addr is None):
                     start = 0
@@ -348,31 +341,22 @@ class PushConsumer:
     # -- pulling and consuming ------------------------------------------------------------------
 
     async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue) -> None:
-        routes, pool, _, offsets = self._started()
+        member, offsets = self._started()[2:]
         sub = self._subs[queue.topic]
         offset = pq.commit_offset()
         while not pq.dropped:
             if await self._held_back(queue, pq):
                 continue
             committed = offsets.get(queue) if self.model is MessageModel.CLUSTERING else None
-            target = self._brokers.pull_target(queue, routes.group_addresses(queue.broker_name))
             try:
-                if target is None:
-                    raise ClientError(f"broker {queue.broker_name!r} has no address")
-                broker_id, addr = target
-                if broker_id != MASTER_ID:  # a slave takes no commit (seed 000)
-                    committed = None
-                answer = await pool.invoke(addr, pull_request(
-                    self.group, queue, offset, sub, max_nums=self.options.pull_batch_size,
-                    commit_offset=committed or -1), LONG_POLL_TIMEOUT_S)
-                result = parse_pull(answer, sub)
+                result = await member.pull(
+                    queue, offset, sub, max_nums=self.options.pull_batch_size,
+                    suspend_ms=SUSPEND_MS, timeout=LONG_POLL_TIMEOUT_S,
+                    commit_offset=committed or -1)
             except (ClientError, TransportError) as exc:
-                if isinstance(exc, TransportError) and target is not None:
-                    self._brokers.failed(target[1])
                 log.warning("pull failed", queue=queue, error=str(exc))
                 await asyncio.sleep(PULL_ERROR_BACKOFF_S)
                 continue
-            self._brokers.suggest(queue, result.suggest_which_broker_id)
             if pq.dropped:
                 return
             offset = result.next_begin_offset

@@ -4,8 +4,11 @@ A member tells every master it knows about itself (HEART_BEAT), asks a master fo
 client ids and runs :func:`evq.domain.rebalance.allocate` over them to find its queues, gives
 messages back (CONSUMER_SEND_MSG_BACK, or, when the broker cannot take it back, sends a copy to
 ``%RETRY%<group>`` itself, as Java's client does), holds orderly locks (LOCK_BATCH_MQ /
-UNLOCK_BATCH_MQ) and leaves (UNREGISTER_CLIENT).  Push and pull consumers differ only in what
-they do with the queues; the conversation is this one class, so both split a topic exactly alike.
+UNLOCK_BATCH_MQ) and leaves (UNREGISTER_CLIENT).  It also pulls and says where offsets go,
+picking the master or a slave of each broker group as seed 000 says
+(:class:`~evq.client.broker_choice.BrokerChoice`).  Push and pull consumers differ only in what
+they do with the queues; the conversation is this one class, so both split a topic exactly
+alike and both go on reading from a slave while its master is down.
 
 A rebalance round can fail to *settle*: the topic has no route yet (a topic auto-created a
 moment ago is known to its broker before the name server hears of it), or the broker does not
@@ -25,10 +28,10 @@ from typing import Final
 
 import structlog
 
-from evq.client.broker_choice import BrokerChoice
+from evq.client.broker_choice import MASTER_ID, BrokerChoice
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.producer import Producer
-from evq.client.pulling import Subscription
+from evq.client.pulling import PullResult, Subscription, parse_pull, pull_request
 from evq.client.routes import BrokerPool, Routes
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
@@ -183,8 +186,7 @@ class GroupMember:
         queues = route.subscribe_queues()
         if self.model is MessageModel.BROADCASTING or not queues:
             return set(queues)
-        # The master, or a live slave while the master is unreachable.
-        addr = self._brokers.offset_target(self._routes.group_addresses(queues[0].broker_name))
+        addr = self.offset_address(queues[0].broker_name)
         if addr is None:
             log.warning("rebalance: no broker to ask for the members", topic=topic)
             return None
@@ -200,6 +202,42 @@ class GroupMember:
             self._told.discard(addr)
             log.info("rebalance: no allocation yet", topic=topic, error=str(exc))
             return None
+
+    # -- reading and committing -------------------------------------------------------------
+
+    def offset_address(self, broker_name: str) -> str | None:
+        """Where the group's offsets of ``broker_name``'s queues are read and committed (and
+        members listed): the master, or a live slave while the master is unreachable."""
+        return self._brokers.offset_target(self._routes.group_addresses(broker_name))
+
+    async def pull(self, queue: MessageQueue, offset: int, sub: Subscription, *, max_nums: int,
+                   suspend_ms: int, timeout: float, commit_offset: int = -1) -> PullResult:
+        """PULL_MESSAGE to the broker of ``queue``'s group that seed 000 picks: the one the
+        queue's last answer suggested, else the master, else a slave; a slave is not sent
+        ``commit_offset`` (it keeps only commits made to it as such).  A broker that fails at
+        the transport level is marked down and the rest of the group is tried at once, so a
+        dead master costs one failed request rather than a failed pull."""
+        addrs = self._routes.group_addresses(queue.broker_name)
+        while (target := self._brokers.pull_target(queue, addrs)) is not None:
+            broker_id, addr = target
+            try:
+                answer = await self._pool.invoke(addr, pull_request(
+                    self.group, queue, offset, sub, max_nums=max_nums, suspend_ms=suspend_ms,
+                    commit_offset=commit_offset if broker_id == MASTER_ID else -1), timeout)
+            except TransportError:
+                self._brokers.failed(addr)
+                del addrs[broker_id]
+                if not addrs:
+                    raise
+                continue
+            result = parse_pull(answer, sub)
+            self._brokers.suggest(queue, result.suggest_which_broker_id)
+            return result
+        raise ClientError(f"broker {queue.broker_name!r} has no address in the routes")
+
+    def broker_failed(self, addr: str) -> None:
+        """Count ``addr`` as down for a while (a request to it failed at the transport)."""
+        self._brokers.failed(addr)
 
     # -- messages and locks -----------------------------------------------------------------
 

@@ -30,7 +30,10 @@ from evq.net.transport import TransportError
 log = structlog.get_logger(__name__)
 
 AddressOf = Callable[[str], str | None]
-"""Master address of a broker name (from the routes), None when unknown."""
+"""Where a broker name's offsets are kept (the master, or a slave while it is down), None when
+unknown."""
+Failed = Callable[[str], None]
+"""Told of an address a request failed to reach, so that :data:`AddressOf` avoids it."""
 
 
 class OffsetStore(Protocol):
@@ -68,24 +71,41 @@ class OffsetTable:
 
 
 class RemoteOffsets(OffsetTable):
-    """A clustering group's offsets, kept on each queue's master."""
+    """A clustering group's offsets, kept on each queue's master (or, while it is down, on a
+    slave, which hands them to the master when it returns)."""
 
-    def __init__(self, group: str, pool: BrokerPool, address_of: AddressOf) -> None:
+    def __init__(self, group: str, pool: BrokerPool, address_of: AddressOf,
+                 failed: Failed | None = None) -> None:
         super().__init__()
         self.group = group
         self._pool = pool
         self._address_of = address_of
+        self._failed = failed
 
     def _addr(self, queue: MessageQueue) -> str:
         addr = self._address_of(queue.broker_name)
         if addr is None:
-            raise ClientError(f"broker {queue.broker_name!r} has no master in the routes")
+            raise ClientError(f"broker {queue.broker_name!r} has no address in the routes")
         return addr
 
+    async def _invoke(self, queue: MessageQueue, code: RequestCode, fields: dict[str, object]
+                      ) -> RemotingCommand:
+        """The request to where ``address_of`` says; after a transport failure, reported to
+        ``failed``, once more to where it says then (a slave when the master just died)."""
+        addr = self._addr(queue)
+        try:
+            return await self._pool.invoke(addr, RemotingCommand.request(code, fields))
+        except TransportError:
+            if self._failed is None:
+                raise
+            self._failed(addr)
+            if (again := self._addr(queue)) == addr:
+                raise
+            return await self._pool.invoke(again, RemotingCommand.request(code, fields))
+
     async def read(self, queue: MessageQueue) -> int:
-        answer = await self._pool.invoke(self._addr(queue), RemotingCommand.request(
-            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": self.group,
-                                                "topic": queue.topic, "queueId": queue.queue_id}))
+        answer = await self._invoke(queue, RequestCode.QUERY_CONSUMER_OFFSET, {
+            "consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id})
         if answer.code == ResponseCode.QUERY_NOT_FOUND:
             return -1
         if answer.code != ResponseCode.SUCCESS:
@@ -98,11 +118,11 @@ class RemoteOffsets(OffsetTable):
             if offset is None:
                 continue
             try:
-                await self._pool.call(self._addr(queue), RemotingCommand.request(
-                    RequestCode.UPDATE_CONSUMER_OFFSET, {
-                        "consumerGroup": self.group, "topic": queue.topic,
-                        "queueId": queue.queue_id, "commitOffset": offset}),
-                    "update consumer offset")
+                answer = await self._invoke(queue, RequestCode.UPDATE_CONSUMER_OFFSET, {
+                    "consumerGroup": self.group, "topic": queue.topic,
+                    "queueId": queue.queue_id, "commitOffset": offset})
+                if answer.code != ResponseCode.SUCCESS:
+                    raise BrokerRefused(answer.code, answer.remark, "update consumer offset")
             except (ClientError, TransportError) as exc:
                 log.warning("offset not persisted", queue=queue, offset=offset, error=str(exc))
 

@@ -8,6 +8,11 @@ next :meth:`~PullConsumer.poll` reads from; positions are committed to the broke
 clustering group's offsets (:class:`RemoteOffsets`), every 5 s and at shutdown with
 ``auto_commit``, or when the application calls :meth:`~PullConsumer.commit`.
 
+Which broker of a queue's group is asked is chosen as for push consumers (seed 000, through
+:meth:`GroupMember.pull`): the one the last answer suggested, else the master, else a slave, so
+polls go on from a slave while the master is down, and positions are committed there too, to
+be taken back by the master when it returns.
+
 An administrator's reset-by-time reaches a running pull consumer twice over: a subscribed one
 is sent RESET_CONSUMER_CLIENT_OFFSET and seeks at once, and any poll at the old position is
 answered PULL_OFFSET_MOVED, which moves the position to the reset offset.  A poll that was
@@ -22,6 +27,7 @@ from typing import Any, Final
 
 import structlog
 
+from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import ClientError, NotStarted
 from evq.client.group import (
     ConsumeFrom,
@@ -40,7 +46,7 @@ from evq.client.offsets import (
     offset_for_time,
     reset_notice,
 )
-from evq.client.pulling import PullResult, PullStatus, Subscription, parse_pull, pull_request
+from evq.client.pulling import PullResult, PullStatus, Subscription
 from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message
@@ -97,12 +103,14 @@ class PullConsumer:
                                  RequestCode.RESET_CONSUMER_CLIENT_OFFSET: self._reset_notified})
         self._routes = routes = Routes(self._namesrv, self._clock)
         self._pool = pool = BrokerPool(dispatcher, self._clock)
-        self._offsets = RemoteOffsets(self.group, pool, routes.master)
         self._member = member = GroupMember(
             self.group, self.client_id, routes, pool, namesrv=self._namesrv,
             subscriptions=self._subs,
             consume_type=ConsumeType.ACTIVELY, model=MessageModel.CLUSTERING,
-            consume_from=ConsumeFrom.LAST_OFFSET, strategy=self._strategy)
+            consume_from=ConsumeFrom.LAST_OFFSET, strategy=self._strategy,
+            brokers=BrokerChoice(self._clock))
+        self._offsets = RemoteOffsets(self.group, pool, member.offset_address,
+                                      member.broker_failed)
         loops: list[tuple[float, Callable[[], Awaitable[None]]]] = []
         if self.auto_commit:
             loops.append((self._auto_commit_s, self.commit))
@@ -219,12 +227,11 @@ class PullConsumer:
     async def pull(self, queue: MessageQueue, offset: int, max_nums: int = 32, *,
                    expression: str = "*", wait_ms: int = 0) -> PullResult:
         """Messages of ``queue`` from ``offset``; ``wait_ms`` > 0 long-polls that long."""
-        pool = self._started()[1]
-        sub = Subscription(queue.topic, expression)
-        cmd = pull_request(self.group, queue, offset, sub, max_nums=max_nums, suspend_ms=wait_ms)
-        answer = await pool.invoke(await self._addr(queue), cmd,
-                                   wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
-        return parse_pull(answer, sub)
+        member = self._started()[2]
+        await self._route_of(queue.topic)
+        return await member.pull(queue, offset, Subscription(queue.topic, expression),
+                                 max_nums=max_nums, suspend_ms=wait_ms,
+                                 timeout=wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
 
     async def poll(self, queue: MessageQueue, max_nums: int = 32, *, wait_ms: int = 0
                    ) -> PullResult:
@@ -296,9 +303,11 @@ class PullConsumer:
         return await routes.route(topic)
 
     async def _addr(self, queue: MessageQueue) -> str:
-        addr = (await self._route_of(queue.topic)).master(queue.broker_name)
+        """Where ``queue``'s offsets are asked for: its master, or a slave while it is down."""
+        await self._route_of(queue.topic)
+        addr = self._started()[2].offset_address(queue.broker_name)
         if addr is None:
-            raise ClientError(f"broker {queue.broker_name!r} has no master")
+            raise ClientError(f"broker {queue.broker_name!r} has no address")
         return addr
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -3,14 +3,18 @@ and broker."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import signal
 import threading
+import time
 
 import pytest
 
 from evq.client.blocking import SyncProducer, SyncPullConsumer, SyncPushConsumer
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions
 from evq.client.errors import ClientError
-from evq.client.producer import order_queue
+from evq.client.producer import SendResult, SendStatus, order_queue
 from evq.client.pulling import PullStatus
 from evq.domain.message import Message, new_message
 from tests.client.conftest import Served
@@ -76,3 +80,29 @@ def test_sync_push_consumer_runs_a_plain_listener_in_the_background(cluster: Ser
     finally:
         c.shutdown()
     assert sorted(m.payload() for m in got) == [b"%d" % i for i in range(5)]
+
+
+def test_send_async_returns_at_once_and_its_future_gets_the_result(cluster: Served) -> None:
+    """The broker is stopped (SIGSTOP) while the message is sent: a blocking send could not
+    return before it goes on, send_async does, and the callback gets the result after."""
+    results: list[SendResult] = []
+    done = threading.Event()
+
+    def on_done(future: concurrent.futures.Future[SendResult]) -> None:
+        results.append(future.result())
+        done.set()
+
+    with SyncProducer("PG-async", cluster.namesrv) as p:
+        p.send(new_message("SA", b"warm"))  # routes looked up, connection open
+        os.kill(cluster.proc.pid, signal.SIGSTOP)
+        try:
+            future = p.send_async(new_message("SA", b"while stopped"))
+            future.add_done_callback(on_done)
+            time.sleep(0.5)
+            assert not future.done()
+        finally:
+            os.kill(cluster.proc.pid, signal.SIGCONT)
+        assert done.wait(10)
+        assert results[0].status is SendStatus.SEND_OK
+        too_big = p.send_async(new_message("SA", os.urandom(5 << 20)))  # over 4 MiB
+        assert isinstance(too_big.exception(10), ClientError)

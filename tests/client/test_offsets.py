@@ -1,4 +1,5 @@
-"""Reading a ResetOffsetBody in both forms a broker writes (hypothesis round trips)."""
+"""Reading a ResetOffsetBody in both forms a broker writes (hypothesis round trips), and a
+group's offsets reaching a live broker of the group when the first one asked is dead."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import ClientError
-from evq.client.offsets import reset_notice, reset_offsets
+from evq.client.offsets import RemoteOffsets, reset_notice, reset_offsets
+from evq.client.routes import BrokerPool
 from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from tests.client.conftest import Served
+from tests.ha.group import free_port
 from tests.strategies import message_queues
 
 tables = st.dictionaries(message_queues(), st.integers(0, 2**63 - 1), max_size=12)
@@ -50,3 +55,21 @@ def test_a_notice_for_another_group_or_unreadable_sets_nothing() -> None:
     assert reset_notice(notice({"group": "other", "topic": "T"}, body), "G") == {}
     assert reset_notice(notice({"topic": "T"}, body), "G") == {}
     assert reset_notice(notice({"group": "G"}, b"not json"), "G") == {}
+
+
+async def test_a_commit_the_dead_master_refuses_goes_to_the_live_slave(cluster: Served) -> None:
+    """The master's port is closed (nothing listens), the "slave" is the real broker: the first
+    commit's connection failure marks the master down and the commit is made on the slave."""
+    group = {0: f"127.0.0.1:{free_port()}", 1: cluster.broker}
+    choice = BrokerChoice()
+    pool = BrokerPool()
+    queue = MessageQueue("OffsetsFailover", "broker-x", 0)
+    offsets = RemoteOffsets("G-failover", pool, lambda name: choice.offset_target(group),
+                            choice.failed)
+    try:
+        offsets.update(queue, 7)
+        await offsets.persist([queue])
+        assert choice.offset_target(group) == cluster.broker
+        assert await RemoteOffsets("G-failover", pool, lambda name: cluster.broker).read(queue) == 7
+    finally:
+        await pool.close()
