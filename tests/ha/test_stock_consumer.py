@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from evq.client.routes import Routes
 from tests.compat.conftest import start_stock, stock
 from tests.ha.group import broker_group, committed, wait_caught_up
 
@@ -70,6 +71,15 @@ def assert_nothing_lost(lines: list[dict[str, Any]], total: int) -> None:
     assert all(m["body_ok"] for m in lines if "seq" in m)
 
 
+async def routed_brokers(namesrv: str) -> dict[str, dict[int, str]]:
+    """The topic's broker groups as the name server routes them now (id -> address)."""
+    routes = Routes(namesrv)
+    try:
+        return (await routes.lookup(TOPIC)).brokers
+    finally:
+        await routes.close()
+
+
 @pytest.mark.slow
 def test_stock_consumer_reads_the_slave_while_the_master_is_down(tmp_path: Path) -> None:
     with broker_group(tmp_path) as group:
@@ -87,6 +97,11 @@ def test_stock_consumer_reads_the_slave_while_the_master_is_down(tmp_path: Path)
             wait_for(lambda: len(consumed(early)) >= PER_PHASE, "the first messages")
             wait_caught_up(group)
             group.kill_master()
+            # The name server drops the master as its registration connection closes: what
+            # a client is routed to now is the slave alone.
+            wait_for(lambda: [list(ids.items()) for ids in
+                              asyncio.run(routed_brokers(group.namesrv)).values()]
+                     == [[(1, group.slave_addr)]], "a route to the slave alone")
             # A group that never met the master: with the master still down, the only broker
             # it can have read the first phase from is the slave.
             late_proc = start_stock("consume", group.namesrv, TOPIC, LATE, "clustering", "0",
