@@ -9,6 +9,7 @@ twice (the producers never resend).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -63,10 +64,11 @@ async def until(cond: Callable[[], bool], what: str) -> None:
 
 
 async def kill_rounds(group: Group, role: str, rounds: int, *,
-                      before_kill: Callable[[], Awaitable[None]] | None = None,
+                      before_kill: Callable[[list[Ack]], Awaitable[None]] | None = None,
                       restart_last: bool = True, slave_has_acks: bool = False) -> list[Ack]:
     """Producers send all along; ``rounds`` times the master is SIGKILLed at a random moment
-    and started again (not after the last kill unless ``restart_last``).  With
+    and started again (not after the last kill unless ``restart_last``).  ``before_kill`` is
+    handed the acknowledgements so far (a list the senders go on appending to).  With
     ``slave_has_acks`` every send acknowledged before a kill must be on the slave at once."""
     acked: list[Ack] = []
     stop = asyncio.Event()
@@ -79,7 +81,7 @@ async def kill_rounds(group: Group, role: str, rounds: int, *,
                 await until(lambda t=target: len(acked) >= t, "acknowledged sends")
                 await asyncio.sleep(random.uniform(0, 0.3))  # a random moment of the load
                 if before_kill is not None:
-                    await before_kill()
+                    await before_kill(acked)
                 await asyncio.to_thread(group.kill_master)
                 if slave_has_acks:  # checked now, before a restarted master streams again
                     held = len(acked)
@@ -123,20 +125,49 @@ def test_sync_master_loses_no_acknowledged_message_through_kills(tmp_path: Path)
     assert slave.raw == master.raw
 
 
+@attrs.frozen
+class LagAtKill:
+    """The log ends read just before a kill, and how many sends were acknowledged before
+    the reading was asked for."""
+
+    acked_before: int
+    master_end: int
+    slave_end: int
+
+    @property
+    def lag(self) -> int:
+        return self.master_end - self.slave_end
+
+
+def most_acks_in(acked: list[Ack], span: int) -> int:
+    """At most how many acknowledged messages can begin within ``span`` bytes of log: no
+    two of them begin closer than the smallest gap between any two of the run."""
+    offsets = sorted(a.physical_offset for a in acked)
+    spacing = min(b - a for a, b in itertools.pairwise(offsets))
+    return (span - 1) // spacing + 1 if span > 0 else 0
+
+
 @pytest.mark.slow
 def test_async_master_loses_at_most_what_the_slave_lacked_at_the_kill(tmp_path: Path) -> None:
     """ASYNC_MASTER answers before any slave has a message: if the master's machine were
     lost at a kill, the loss is the acknowledged messages past the slave's log end, and the
-    slave's lag then bounds it."""
-    lags: list[int] = []
+    slave's lag then bounds it.
+
+    The lag is read just before the last kill, so a lost message either lay in the lag then
+    (between the slave's end and the master's) or was written after the reading; a message
+    written after it was acknowledged after it, so it is one of the sends acknowledged since
+    (counted from before the reading was asked for).  So the loss is at most the messages
+    the lag's bytes can hold plus those sends."""
+    lags: list[LagAtKill] = []
     with broker_group(tmp_path) as group:
         group.start_master("ASYNC_MASTER")
         group.start_slave()
 
-        async def measure_lag() -> None:
+        async def measure_lag(acked: list[Ack]) -> None:
+            before = len(acked)
             master, slave = await asyncio.gather(log_end(group.master_addr),
                                                  log_end(group.slave_addr))
-            lags.append(master - slave)
+            lags.append(LagAtKill(before, master, slave))
 
         acked = asyncio.run(kill_rounds(group, "ASYNC_MASTER", 3, before_kill=measure_lag,
                                         restart_last=False))
@@ -148,7 +179,15 @@ def test_async_master_loses_at_most_what_the_slave_lacked_at_the_kill(tmp_path: 
     check_store(master.queues, acked)  # SIGKILL keeps the page cache: the master has all
     on_slave = {k for keys in slave.queues.values() for k in keys}
     lost = [a for a in acked if a.uniq not in on_slave]
-    print(f"ASYNC_MASTER: lag at kill (bytes) {lags}; {len(lost)} of {len(acked)} "
-          f"acknowledged messages not on the slave ({len(master.raw) - slave_end} bytes)")
+    last = lags[-1]
+    since = acked[last.acked_before:]
+    print(f"ASYNC_MASTER: lag at kill (bytes) {[m.lag for m in lags]}; {len(lost)} of "
+          f"{len(acked)} acknowledged messages not on the slave "
+          f"({len(master.raw) - slave_end} bytes); {len(since)} acknowledged after the last "
+          f"lag reading")
     assert all(a.physical_offset >= slave_end for a in lost)
     assert master.raw[:slave_end] == slave.raw
+    outside = [a for a in lost if not last.slave_end <= a.physical_offset < last.master_end
+               and a not in set(since)]
+    assert not outside, f"lost, yet neither in the lag at the kill nor sent after: {outside[:3]}"
+    assert len(lost) <= most_acks_in(acked, last.lag) + len(since), (last, len(lost))
