@@ -192,7 +192,7 @@ class PullConsumer:
 
     async def _start_offset(self, queue: MessageQueue) -> int:
         offsets = self._started()[3]
-        await self._addr(queue)
+        await self._route_of(queue.topic)
         return max(await offsets.read(queue), 0)
 
     @property
@@ -209,18 +209,15 @@ class PullConsumer:
         self._seeks[queue] = self._seeks.get(queue, 0) + 1
 
     async def seek_to_begin(self, queue: MessageQueue) -> None:
-        pool = self._started()[1]
-        self.seek(queue, await min_offset(pool, await self._addr(queue), queue))
+        self.seek(queue, await self._ask(queue, lambda pool, addr: min_offset(pool, addr, queue)))
 
     async def seek_to_end(self, queue: MessageQueue) -> None:
-        pool = self._started()[1]
-        self.seek(queue, await max_offset(pool, await self._addr(queue), queue))
+        self.seek(queue, await self._ask(queue, lambda pool, addr: max_offset(pool, addr, queue)))
 
     async def seek_to_timestamp(self, queue: MessageQueue, timestamp_ms: int) -> None:
         """To the first message of ``queue`` stored at or after ``timestamp_ms``."""
-        pool = self._started()[1]
-        self.seek(queue, await offset_for_time(pool, await self._addr(queue), queue,
-                                               timestamp_ms))
+        self.seek(queue, await self._ask(
+            queue, lambda pool, addr: offset_for_time(pool, addr, queue, timestamp_ms)))
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -283,7 +280,7 @@ class PullConsumer:
     async def committed(self, queue: MessageQueue) -> int:
         """The group's stored offset of ``queue``, -1 when none."""
         store = self._started()[3]
-        await self._addr(queue)
+        await self._route_of(queue.topic)
         return await store.read(queue)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -302,13 +299,24 @@ class PullConsumer:
         routes = self._started()[0]
         return await routes.route(topic)
 
-    async def _addr(self, queue: MessageQueue) -> str:
-        """Where ``queue``'s offsets are asked for: its master, or a slave while it is down."""
+    async def _ask(self, queue: MessageQueue,
+                   question: Callable[[BrokerPool, str], Awaitable[int]]) -> int:
+        """Ask ``queue``'s master about its offsets, or a slave while it is down.  A broker
+        that fails at the transport is marked down and the question goes at once to the next
+        one of the group, as pulls do: the first seek after a master dies is answered by its
+        slave instead of failing."""
         await self._route_of(queue.topic)
-        addr = self._started()[2].offset_address(queue.broker_name)
-        if addr is None:
-            raise ClientError(f"broker {queue.broker_name!r} has no address")
-        return addr
+        _, pool, member, _ = self._started()
+        asked: set[str] = set()
+        while (addr := member.offset_address(queue.broker_name)) not in asked:
+            if addr is None:
+                raise ClientError(f"broker {queue.broker_name!r} has no address")
+            try:
+                return await question(pool, addr)
+            except TransportError:
+                member.broker_failed(addr)
+                asked.add(addr)
+        raise ClientError(f"no broker of {queue.broker_name!r} answered")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,10 +1,11 @@
 """A pull consumer through a master kill, in real processes: its polls go on from the slave
-(slaveReadEnable), its commits land there, and the returned master holds them, so a consumer
-started afterwards neither skips nor reads again."""
+(slaveReadEnable), the slave answers its seeks and takes its commits, and the returned master
+holds them, so a consumer started afterwards neither skips nor reads again."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -60,12 +61,19 @@ async def scenario(group: Group) -> Counter[bytes]:
         await pc.assign(await pc.queues(TOPIC))
         await poll(pc, seen, PER_PHASE)
         await pc.commit()
+        before_b = time.time_ns() // 1_000_000
         await produce(group.namesrv, TOPIC, [b"B%d" % i for i in range(PER_PHASE)])
         # the slave has taken the topic and the first commits from the master's log
         # (metadata it applies a moment after the bytes arrive)
         await until_committed(group.slave_addr, PER_PHASE)
         await asyncio.to_thread(wait_caught_up, group)
         await asyncio.to_thread(group.kill_master)
+        # the first questions after the kill go to the dead master and are answered by the
+        # slave: seeking to B's first store time lands every queue where it already was
+        positions = pc.assignment
+        for q in positions:
+            await pc.seek_to_timestamp(q, before_b)
+        assert pc.assignment == positions
         await poll(pc, seen, PER_PHASE)
         await pc.commit()
         assert await committed_sum(group.slave_addr) == 2 * PER_PHASE

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,10 +12,7 @@ from typing import Any
 import attrs
 import pytest
 
-from evq.client.errors import RouteNotFound
-from evq.client.routes import Routes
-from evq.domain import topics as tp
-from tests.processes import REPO_ROOT, python_env, running_evq
+from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
 
 
 @attrs.define
@@ -27,35 +22,11 @@ class Served:
     proc: subprocess.Popen[str]
 
 
-REGISTRATION_WAIT_S = 20.0
-
-
-async def _registered(namesrv: str) -> bool:
-    routes = Routes(namesrv)
-    try:
-        await routes.lookup(tp.AUTO_CREATE_TOPIC)
-        return True
-    except RouteNotFound:
-        return False
-    finally:
-        await routes.close()
-
-
-def wait_registered(namesrv: str) -> None:
-    """Until the name server routes TBW102: the broker prints its address before its first
-    registration lands, and a client asking in between is told no topic exists."""
-    deadline = time.monotonic() + REGISTRATION_WAIT_S
-    while not asyncio.run(_registered(namesrv)):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the broker never registered with the name server")
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
                      "--data", str(tmp_path / "data"), servers=2) as running:
-        wait_registered(running.addresses["namesrv"])
+        wait_registered(running.addresses["namesrv"], running.addresses["broker"])
         yield Served(running.addresses["namesrv"], running.addresses["broker"], running.proc)
         assert running.stop() == 0
 
