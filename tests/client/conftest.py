@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from evq.net.transport import new_event_loop
-from tests.compat.conftest import Served, wait_registered
+from tests.compat.conftest import Served
 from tests.processes import running_broker, running_namesrv
 
-__all__ = ["Served", "cluster", "wait_registered"]
+__all__ = ["Served", "cluster"]
 
 TEST_TIME_LIMIT = 60.0
 

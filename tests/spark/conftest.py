@@ -15,8 +15,8 @@ pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the 'spark
 from pyspark.sql import SparkSession  # noqa: E402
 
 import evq.spark  # noqa: E402
-from tests.client.conftest import Served, wait_registered  # noqa: E402
-from tests.processes import running_evq  # noqa: E402
+from tests.client.conftest import Served  # noqa: E402
+from tests.processes import running_evq, wait_registered  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                      "--data", str(data), servers=2) as running:
         served = Served(running.addresses["namesrv"], running.addresses["broker"],
                         running.proc)
-        wait_registered(served.namesrv)
+        wait_registered(served.namesrv, served.broker)
         yield served
         assert running.stop() == 0

@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.client.conftest import wait_registered
-from tests.processes import REPO_ROOT, python_env, run_evq, running_evq
+from tests.processes import REPO_ROOT, python_env, run_evq, running_evq, wait_registered
 
 EXAMPLES = REPO_ROOT / "examples"
 
@@ -28,7 +27,7 @@ def test_the_example_pipeline_end_to_end(tmp_path: Path) -> None:
     with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
                      "--data", str(data), servers=2) as running:
         namesrv = running.addresses["namesrv"]
-        wait_registered(namesrv)
+        wait_registered(namesrv, running.addresses["broker"])
         example("produce_orders.py", "-n", namesrv, "--orders", "200", "--rate", "1000",
                 "--backdate-minutes", "10")
         example("orders_per_minute.py", "-n", namesrv, "--checkpoint",

@@ -19,8 +19,8 @@ from evq.client.blocking import SyncProducer
 from evq.domain.message import new_message
 from evq.spark.options import offsets_from_json, parse_source
 from evq.spark.source import EvqStreamReader
-from tests.client.conftest import Served, wait_registered
-from tests.processes import running_evq
+from tests.client.conftest import Served
+from tests.processes import running_evq, wait_registered
 
 
 def produce(namesrv: str, topic: str, n: int, *, start: int = 0, tags: str = "t") -> list[str]:
@@ -208,7 +208,7 @@ def test_offline_read_equals_live_read(spark: SparkSession, tmp_path: Path) -> N
     with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
                      "--data", str(data), servers=2) as running:
         namesrv = running.addresses["namesrv"]
-        wait_registered(namesrv)
+        wait_registered(namesrv, running.addresses["broker"])
         produce(namesrv, "SpOff", 30)
         live_rows = read(spark, namesrv=namesrv, topic="SpOff")
         with pytest.raises(Exception, match="a running broker holds it"):
