@@ -763,6 +763,30 @@ def test_offset_for_time_after_expiry_starts_at_the_minimum(
     assert log.store_time_at("T", 0, lo) == results[lo].store_timestamp
 
 
+def test_offset_for_time_after_a_cut_answers_for_the_records_written_again(
+    open_log: OpenLog, clock: ManualClock
+) -> None:
+    """Backends keep sampled store times of long queues in memory; a cut must drop them,
+    or a lookup would be steered by times of records that are gone."""
+    log = open_log()
+    old: list[AppendResult] = []
+    for _ in range(700):
+        old += append(log, message("T", b"x"))
+        clock.advance(10)
+    assert log.offset_for_time("T", 0, old[650].store_timestamp) == 650
+    log.truncate(old[300].physical_offset)
+    clock.advance(60_000)
+    new: list[AppendResult] = []
+    for _ in range(400):
+        new += append(log, message("T", b"y"))
+        clock.advance(10)
+    assert [r.queue_offset for r in new] == list(range(300, 700))
+    for r in (new[0], new[212], new[399]):
+        assert log.offset_for_time("T", 0, r.store_timestamp) == r.queue_offset
+    assert log.offset_for_time("T", 0, old[299].store_timestamp) == 299
+    assert log.offset_for_time("T", 0, old[299].store_timestamp + 1) == 300
+
+
 # --- durability --------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from evq.backends.kvlog.driver import Batch, Driver, Reader
 from evq.backends.kvlog.layout import Table
 from evq.backends.mmapfile.flush import Flusher
 from evq.backends.subscribers import DispatchSubscribers
+from evq.backends.time_samples import TimeSamples
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -80,6 +81,7 @@ class QueueState:
     prefix: bytes
     min: int = 0
     next: int = 0
+    times: TimeSamples = attrs.field(factory=TimeSamples)
 
 
 class KeyedMessageLog(MessageLog):
@@ -299,6 +301,8 @@ class KeyedMessageLog(MessageLog):
             if st is None:
                 queues[key] = QueueState(lay.queue_prefix(*key), lo, nxt)
             else:
+                if nxt < st.next:  # cut back: its sampled store times may be replaced
+                    st.times.clear()
                 st.min, st.next = lo, nxt
 
     def wait_durable(self, end_offset: int, timeout: float) -> bool:
@@ -408,8 +412,8 @@ class KeyedMessageLog(MessageLog):
         with self._reader() as r:
             if st is None:
                 return 0
-            return rules.first_at_or_after(st.min, st.next, timestamp_ms,
-                                           lambda qo: self._entry_time(r, st, qo))
+            return st.times.first_at_or_after(st.min, st.next, timestamp_ms,
+                                              lambda qo: self._entry_time(r, st, qo))
 
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
         st = self._queues.get((topic, queue_id))

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from evq.backends.mmapfile.mapped_file import MappedFile, MappedFileQueue
-from evq.backends.rules import BLANK_ENTRY_SIZE, first_at_or_after
+from evq.backends.rules import BLANK_ENTRY_SIZE
+from evq.backends.time_samples import TimeSamples
 
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
@@ -35,6 +36,7 @@ class ConsumeQueue:
                                      random_access=True)
         self.min_offset = 0
         self._last: MappedFile | None = None
+        self._times = TimeSamples()
 
     # --- writing (dispatch) ---------------------------------------------------------------
 
@@ -126,6 +128,7 @@ class ConsumeQueue:
         self.files.truncate(queue_offset * ENTRY_SIZE)
         self._last = self.files.last()
         self.min_offset = min(self.min_offset, queue_offset)
+        self._times.clear()
 
     def correct_min_offset(self, log_min: int) -> None:
         """The first entry whose record is still in the log (expiry moved the log start)."""
@@ -159,7 +162,8 @@ class ConsumeQueue:
             e = self.entry(qo)
             return store_time(e[0]) if e is not None and e[1] != BLANK_ENTRY_SIZE else -1
 
-        return first_at_or_after(self.min_offset, self.max_offset, timestamp_ms, time_at)
+        return self._times.first_at_or_after(self.min_offset, self.max_offset, timestamp_ms,
+                                             time_at)
 
     def flush(self) -> None:
         self.files.flush()

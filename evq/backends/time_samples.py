@@ -1,0 +1,70 @@
+"""A sparse in-memory index of one queue's store times, for offset-for-time.
+
+:func:`~evq.backends.rules.first_at_or_after` reads a record for every probe, and the reads it
+needs grow with the queue (about 10 at 10^5 entries and 12 at 10^6 on a real timeline), each
+read costlier in a larger store.  Keeping the store time of every :data:`STRIDE`-th entry in
+memory turns that into a bisection in memory plus a search within one stride, so a lookup
+reads about the same few records at any length.  The samples are read lazily, on the first
+lookup and then for whatever the queue has gained since: an 8-byte integer per ``STRIDE``
+entries (31 MB for 10^9 messages), none for queues nobody searches by time.
+
+A sample must never describe an entry that has since been replaced, so the owner of a queue
+calls :meth:`TimeSamples.clear` whenever the queue is cut back (recovery, HA truncation).
+Expiry needs nothing: an expired entry's sample still orders the entries after it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from array import array
+from collections.abc import Callable
+
+import attrs
+
+from evq.backends.rules import first_at_or_after
+
+STRIDE = 256
+"""Entries per sample: a search within one stride reads about four records."""
+
+
+@attrs.define(slots=True, eq=False)
+class TimeSamples:
+    """``times[i]`` is the store time of queue offset ``base + i * STRIDE`` (-1: no record)."""
+
+    base: int = -1
+    times: array[int] = attrs.field(factory=lambda: array("q"))
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.base = -1
+            del self.times[:]
+
+    def first_at_or_after(
+        self, lo: int, hi: int, timestamp_ms: int, store_time: Callable[[int], int]
+    ) -> int:
+        """What :func:`~evq.backends.rules.first_at_or_after` answers for ``[lo, hi)``."""
+        if lo >= hi:
+            return lo
+        with self._lock:
+            if self.base < 0:
+                self.base = lo
+            times = self.times
+            nxt = self.base + len(times) * STRIDE
+            while nxt < hi:
+                times.append(store_time(nxt))
+                nxt += STRIDE
+            k = bisect.bisect_left(times, timestamp_ms)
+            sampled = len(times)
+            base = self.base
+        # The answer lies after sample k-1 (earlier than the time) and at or before sample k,
+        # unless sample k's record has expired since it was read: then it lies beyond.
+        lower = lo if k == 0 else max(lo, base + (k - 1) * STRIDE + 1)
+        upper = min(base + k * STRIDE + 1, hi) if k < sampled else hi
+        if upper <= lo:  # sample k lies below the queue's current start
+            upper = hi
+        found = first_at_or_after(lower, upper, timestamp_ms, store_time)
+        if found < upper or upper == hi:
+            return found
+        return first_at_or_after(upper, hi, timestamp_ms, store_time)

@@ -1,0 +1,100 @@
+"""The sampled store times in front of the offset-for-time search
+(:class:`evq.backends.time_samples.TimeSamples`).
+
+Whatever a queue goes through (growth, expiry at the front, a cut-back and different records
+written again), the samples must answer what a binary search over the queue answers; and after
+the first lookup has read the samples, a lookup must read a few records at any length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evq.backends.time_samples import STRIDE, TimeSamples
+
+
+def counted(times: Callable[[int], int]) -> tuple[Callable[[int], int], list[int]]:
+    probes: list[int] = []
+
+    def store_time(qo: int) -> int:
+        probes.append(qo)
+        return times(qo)
+
+    return store_time, probes
+
+
+def expected(times: list[int], lo: int, hi: int, target: int) -> int:
+    """A binary search over ``[lo, hi)``, -1 (no record) sorting first."""
+    return bisect.bisect_left(times, target, lo, hi)
+
+
+ops = st.one_of(
+    st.tuples(st.just("grow"), st.integers(1, 3 * STRIDE), st.integers(0, 2)),
+    st.tuples(st.just("pause"), st.integers(1, 10**6), st.just(0)),
+    st.tuples(st.just("expire"), st.integers(1, 2 * STRIDE), st.just(0)),
+    st.tuples(st.just("cut"), st.integers(1, 2 * STRIDE), st.just(0)),
+)
+
+
+@given(st.lists(st.tuples(ops, st.integers(-5, 2 * 10**6)), max_size=40), st.integers(0, 2000))
+def test_answers_what_a_binary_search_answers_through_growth_expiry_and_cuts(
+    steps: list[tuple[tuple[str, int, int], int]], first: int
+) -> None:
+    """The queue lives at offsets ``[first + lo, first + len(times))``; expiry turns the
+    front into -1 (records gone, entries kept) and moves ``lo``; a cut drops the tail and
+    clears the samples, as the backends do, before later growth writes new times there."""
+    samples = TimeSamples()
+    times: list[int] = []
+    lo = 0
+    clock = 1_700_000_000_000
+    for (op, n, per_ms), target_delta in steps:
+        if op == "grow":
+            for i in range(n):
+                times.append(clock)
+                clock += 1 if per_ms == 0 or i % (per_ms + 1) == 0 else 0
+        elif op == "pause":
+            clock += n
+        elif op == "expire":
+            gone = min(len(times), lo + n)
+            times[lo:gone] = [-1] * (gone - lo)
+            lo = gone if times[gone:] else lo
+        else:
+            del times[max(lo, len(times) - n):]
+            samples.clear()
+        target = clock - target_delta
+        store_time, probes = counted(lambda qo: times[qo - first])
+        got = samples.first_at_or_after(first + lo, first + len(times), target, store_time)
+        assert got == first + expected(times, lo, len(times), target)
+        assert all(first <= qo < first + len(times) for qo in probes)
+
+
+@given(st.integers(1, 20), st.data())
+def test_a_lookup_reads_the_same_few_records_at_any_length(
+    per_ms: int, data: st.DataObject
+) -> None:
+    """A queue written at a steady ``per_ms`` records a millisecond with a pause now and
+    then: at 10^5 and 10^6 entries a lookup after the first reads as many records as a search
+    within one stride needs, bounded by how many share a millisecond and not by the length (a
+    binary search over 10^6 reads 20)."""
+    t0 = 1_700_000_000_000
+
+    def timeline(qo: int) -> int:
+        return t0 + qo // per_ms + 5_000 * (qo // 1_000_003)
+
+    for length in (10**5, 10**6):
+        samples = TimeSamples()
+        store_time, probes = counted(timeline)
+        samples.first_at_or_after(0, length, t0, store_time)
+        assert len(probes) <= length // STRIDE + 8  # the samples, read once
+        for _ in range(5):
+            target = data.draw(st.integers(t0 - 10, timeline(length - 1) + 10))
+            probes.clear()
+            got = samples.first_at_or_after(0, length, target, store_time)
+            assert timeline(got - 1) < target if got > 0 else True
+            assert got == length or timeline(got) >= target
+            assert len(probes) <= 2 * math.ceil(math.log2(per_ms + 1)) + 4
