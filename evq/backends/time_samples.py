@@ -25,7 +25,8 @@ import attrs
 from evq.backends.rules import first_at_or_after
 
 STRIDE = 256
-"""Entries per sample: a search within one stride reads about four records."""
+"""Entries per sample: a search within one stride reads a few records (more when many share
+a millisecond), and the first lookup of a queue of 10^6 entries reads 3,900 samples."""
 
 
 @attrs.define(slots=True, eq=False)
