@@ -10,22 +10,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from evq.backends.time_samples import STRIDE, TimeSamples
-
-
-def counted(times: Callable[[int], int]) -> tuple[Callable[[int], int], list[int]]:
-    probes: list[int] = []
-
-    def store_time(qo: int) -> int:
-        probes.append(qo)
-        return times(qo)
-
-    return store_time, probes
+from tests.backends.test_time_search import counted
 
 
 def expected(times: list[int], lo: int, hi: int, target: int) -> int:
