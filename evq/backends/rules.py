@@ -10,7 +10,7 @@ here as pure functions over explicit inputs, and each backend supplies only the 
   queue entries with tag filtering, ``max_count`` and ``max_bytes``, and the next offset
   (:func:`read_queue`);
 * offset-for-time: a search over store times that never decrease within a queue
-  (:func:`first_at_or_after`);
+  (:func:`first_at_or_after`, :func:`first_between` when both ends are known);
 * key queries: candidates from an index, checked against the records themselves (topic, key,
   store time within ``[begin, end]``), newest first, asking the index for more candidates when
   too few survive (:func:`query_keys`);
@@ -224,15 +224,21 @@ def first_at_or_after(lo: int, hi: int, timestamp_ms: int, store_time: Callable[
     t_hi = store_time(hi - 1)
     if t_hi < timestamp_ms:
         return hi
-    hi -= 1  # the answer lies in [lo, hi]
-    if lo == hi:
+    if lo == hi - 1:
         return lo
     t_lo = store_time(lo)
     if t_lo >= timestamp_ms:
         return lo
-    # Nearest probes: (a, ta) below the answer (ta < timestamp_ms), (b, tb) at or above it.
-    a, ta, b, tb = lo, t_lo, hi, t_hi
-    lo += 1
+    return first_between(lo, t_lo, hi - 1, t_hi, timestamp_ms, store_time)
+
+
+def first_between(
+    a: int, ta: int, b: int, tb: int, timestamp_ms: int, store_time: Callable[[int], int]
+) -> int:
+    """The first offset in ``(a, b]`` stored at or after ``timestamp_ms``, given two probes
+    already made: ``ta < timestamp_ms <= tb``.  A caller that knows the times at both ends
+    (sampled ones) starts here and saves :func:`first_at_or_after` its two end reads."""
+    lo, hi = a + 1, b  # the answer lies in [lo, hi]
     halve = False
     while lo < hi:
         width = hi - lo

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
-from evq.backends.rules import first_at_or_after
+from evq.backends.rules import first_at_or_after, first_between
 
 STRIDE = 256
 """Entries per sample: a search within one stride reads a few records (more when many share
@@ -57,15 +57,21 @@ class TimeSamples:
                 times.append(store_time(nxt))
                 nxt += STRIDE
             k = bisect.bisect_left(times, timestamp_ms)
-            sampled = len(times)
-            base = self.base
-        # The answer lies after sample k-1 (earlier than the time) and at or before sample k,
-        # unless sample k's record has expired since it was read: then it lies beyond.
-        lower = lo if k == 0 else max(lo, base + (k - 1) * STRIDE + 1)
-        upper = min(base + k * STRIDE + 1, hi) if k < sampled else hi
-        if upper <= lo:  # sample k lies below the queue's current start
-            upper = hi
-        found = first_at_or_after(lower, upper, timestamp_ms, store_time)
-        if found < upper or upper == hi:
+            below = self.base + (k - 1) * STRIDE
+            above = self.base + k * STRIDE
+            t_below = times[k - 1] if k > 0 else -1
+            t_above = times[k] if k < len(times) else None
+        # Sample k-1 is earlier than the time and sample k is not, so the answer lies between
+        # them, and their times bracket a search that reads neither.  A sample below the
+        # queue's start brackets nothing (its record has expired); a record that expired after
+        # sample k was read makes the search end on it, and one read tells.
+        bracketed = k > 0 and below >= lo
+        if t_above is None or above < lo:
+            return first_at_or_after(below + 1 if bracketed else lo, hi, timestamp_ms, store_time)
+        if bracketed:
+            found = first_between(below, t_below, above, t_above, timestamp_ms, store_time)
+        else:
+            found = first_at_or_after(lo, above + 1, timestamp_ms, store_time)
+        if found < above or store_time(above) >= timestamp_ms:
             return found
-        return first_at_or_after(upper, hi, timestamp_ms, store_time)
+        return first_at_or_after(above + 1, hi, timestamp_ms, store_time)

@@ -87,4 +87,4 @@ def test_a_lookup_reads_the_same_few_records_at_any_length(
             got = samples.first_at_or_after(0, length, target, store_time)
             assert timeline(got - 1) < target if got > 0 else True
             assert got == length or timeline(got) >= target
-            assert len(probes) <= 2 * math.ceil(math.log2(per_ms + 1)) + 4
+            assert len(probes) <= 2 * math.ceil(math.log2(per_ms + 1)) + 1
