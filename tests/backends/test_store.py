@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import struct
 import threading
 import time
@@ -1131,6 +1132,23 @@ def test_close_and_reopen_restore_everything(
     log.close()
     log = open_log()
     assert log.max_physical_offset == before["max_phys"]
+
+
+def test_a_store_directory_removed_and_opened_again_starts_empty(
+    open_log: OpenLog, tmp_path: Path
+) -> None:
+    """What a store holds belongs to its directory, on every backend: the in-memory one too,
+    though it keeps its tables in the process, starts afresh where the directory was
+    removed, as a new directory would."""
+    log = open_log()
+    append(log, message("T", b"gone with the directory", keys="k"))
+    log.close()
+    shutil.rmtree(tmp_path / "store")
+    log = open_log()
+    assert log.max_physical_offset == 0
+    assert log.queues() == {}
+    assert not log.query_keys("T", "k", 32, 0, 2**62).records
+    assert append(log, message("T", b"new"))[0].queue_offset == 0
 
 
 def test_expiry_deletes_old_segments_only(open_log: OpenLog, clock: ManualClock) -> None:

@@ -3,7 +3,7 @@
 It runs the key-value log (:mod:`evq.backends.kvlog.store`) over plain sorted in-memory
 tables (:mod:`evq.backends.memory.tables`), with the same offsets, statuses and projections as
 every other backend, and no durability beyond the process: a store reopened in the same
-process finds its data, a crashed process loses it all.
+process finds its data while its directory is there, a crashed process loses it all.
 """
 
 from evq.backends.memory.tables import MemoryDriver

@@ -2,10 +2,14 @@
 
 Each table is a ``SortedDict`` of rows (``sortedcontainers``), so range reads walk keys in
 order and an insert anywhere (index keys arrive in no order) stays cheap.  The tables of a
-store directory live in a process-wide volume keyed by the directory's resolved path, so a
-store closed and opened again within one process finds its data, as a disk would keep it;
-nothing survives the process.  No file is created.  One lock serializes writers and readers:
-a reader copies the rows it asked for, so its view is consistent for the call that made it.
+store directory live in a process-wide volume, so a store closed and opened again within one
+process finds its data, as a disk would keep it; nothing survives the process.  A volume
+belongs to its directory as files would: the directory holds a marker file naming the volume
+(:data:`MARKER`), and a directory removed (or emptied) and opened again starts empty, as a new
+directory would.  Every open lets go of the volumes whose directories are gone, so a process
+that creates and removes many stores (tests, benchmarks) holds only the live ones.  One lock
+serializes writers and readers: a reader copies the rows it asked for, so its view is
+consistent for the call that made it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,10 +50,15 @@ class SortedTable:
         return [(k, self.rows[k]) for k in itertools.islice(keys, limit)]
 
 
+MARKER = "memory.volume"
+"""The file in a store directory that names its volume (a random token)."""
+
+
 @attrs.define(slots=True)
 class Volume:
     """One store directory's tables, and whether a log has it open."""
 
+    token: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     tables: dict[Table, SortedTable] = attrs.field(
         factory=lambda: {t: SortedTable() for t in Table}
     )
@@ -57,6 +67,14 @@ class Volume:
 
 _VOLUMES: dict[str, Volume] = {}
 _VOLUMES_LOCK = threading.Lock()
+
+
+def _marked(path: str, volume: Volume) -> bool:
+    """Whether the directory at ``path`` still holds ``volume`` (its marker names it)."""
+    try:
+        return (Path(path) / MARKER).read_text() == volume.token
+    except OSError:
+        return False
 
 
 class MemoryReader(Reader):
@@ -99,7 +117,13 @@ class MemoryDriver(Driver):
     def open(cls, root: Path) -> MemoryDriver:
         path = str(Path(root).resolve())
         with _VOLUMES_LOCK:
-            volume = _VOLUMES.setdefault(path, Volume())
+            for gone in [p for p, v in _VOLUMES.items() if not v.in_use and not _marked(p, v)]:
+                del _VOLUMES[gone]
+            volume = _VOLUMES.get(path)
+            if volume is None:
+                volume = _VOLUMES[path] = Volume()
+                Path(path).mkdir(parents=True, exist_ok=True)
+                (Path(path) / MARKER).write_text(volume.token)
             if volume.in_use:
                 raise LogLocked(f"{root} is in use by another in-memory log")
             volume.in_use = True
