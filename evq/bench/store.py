@@ -352,9 +352,11 @@ def read_all(store: MessageLog, bar: tqdm[Any]) -> tuple[int, float]:
     return count, elapsed
 
 
-def lookup_keys(store: MessageLog, workload: Workload, lookups: int) -> tuple[int, float]:
+def lookup_keys(
+    store: MessageLog, workload: Workload, lookups: int, seed: int = 1
+) -> tuple[int, float]:
     """``lookups`` random key queries, alternating UNIQ_KEY and KEYS; (misses, seconds)."""
-    rng = random.Random(1)
+    rng = random.Random(seed)
     picks = [rng.randrange(workload.messages) for _ in range(lookups)]
     queries = [
         (workload.topic(i), workload.uniq_key(i) if n % 2 == 0 else workload.key(i))
