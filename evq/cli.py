@@ -529,7 +529,13 @@ def _bench_backends_rerun(args: argparse.Namespace) -> str:
 
 
 def _cmd_bench_backends(args: argparse.Namespace) -> int:
-    from evq.bench.backends import BackendsBenchOptions, run_backends_bench, write_report
+    from evq.bench.backends import (
+        SCALE_DIVISOR,
+        BackendsBenchOptions,
+        memory_step,
+        run_backends_bench,
+        write_report,
+    )
 
     try:
         opts = BackendsBenchOptions(
@@ -541,8 +547,9 @@ def _cmd_bench_backends(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     results = run_backends_bench(opts)
+    step = memory_step(opts.messages // SCALE_DIVISOR, opts.messages)
     rerun = _bench_backends_rerun(args)
-    files = write_report(results, args.out, rerun)
+    files = write_report(results, args.out, rerun, step)
     if args.json:
         print(json.dumps({name: r.as_dict() for name, r in results.items()}))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,8 @@ def test_bench_backends_json_is_keyed_by_backend(tmp_path: Path) -> None:
     report = (out / "backends.md").read_text()
     assert "| figure | lmdb | memory | mmap | rocks |" in report
     assert "evq bench backends --messages 400" in report
+    step = r"dict of 40 keys takes \d+ ns and of 400 keys \d+ ns \(ratio \d\.\d\d\)"
+    assert re.search(step, report), report
     for chart in ("throughput.png", "recovery_and_disk.png", "scale.png"):
         assert (out / chart).read_bytes().startswith(b"\x89PNG")
     assert list((tmp_path / "scratch").iterdir()) == []
