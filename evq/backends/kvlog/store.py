@@ -344,6 +344,7 @@ class KeyedMessageLog(MessageLog):
             if st is None:
                 return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
             prefix = st.prefix
+            fetched: dict[int, bytes | None] = {}
 
             def entries(qo: int, count: int) -> list[rules.Entry]:
                 rows = r.scan(Table.QUEUE, prefix + lay.U64.pack(qo),
@@ -354,10 +355,14 @@ class KeyedMessageLog(MessageLog):
                         break  # a gap: expiry is deleting below it
                     phys, size, tags, _ = lay.QUEUE_ENTRY.unpack(v)
                     out.append((phys, size, tags))
+                if tag_filter is None:
+                    wanted = _pull_prefix(out, max_count, max_bytes)
+                    records = r.get_many(Table.LOG, map(lay.log_key, wanted))
+                    fetched.update(zip(wanted, records, strict=True))
                 return out
 
             def view(phys: int, size: int) -> memoryview | None:
-                v = r.get(Table.LOG, lay.log_key(phys))
+                v = fetched.pop(phys) if phys in fetched else r.get(Table.LOG, lay.log_key(phys))
                 return memoryview(v) if v is not None and len(v) == size else None
 
             return rules.read_queue(
@@ -718,6 +723,21 @@ class KeyedMessageLog(MessageLog):
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # closing drops the flock
             self._lock_fd = -1
+
+
+def _pull_prefix(entries: list[rules.Entry], max_count: int, max_bytes: int) -> list[int]:
+    """Log offsets of the records an unfiltered pull will view from ``entries``, to read in
+    one call: up to ``max_count`` of them and ``max_bytes`` (the first always), at most one
+    more than the pull keeps.  A filtered pull views what its filter lets through, which
+    only the pull knows, and reads one record at a time."""
+    wanted: list[int] = []
+    budget = max_bytes
+    for phys, size, _ in entries[:max_count]:
+        wanted.append(phys)
+        budget -= size
+        if budget <= 0:
+            break
+    return wanted
 
 
 def _fields(value: bytes) -> rec.Fields | None:

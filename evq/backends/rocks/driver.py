@@ -29,7 +29,7 @@ share one 64 MiB block cache for data blocks (:func:`_options`).  ``rocksdict`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import rocksdict
@@ -83,6 +83,10 @@ class RocksReader(Reader):
     def get(self, table: Table, key: bytes) -> bytes | None:
         with _rocks_errors():
             return self._cfs[table].get(key)
+
+    def get_many(self, table: Table, keys: Iterable[bytes]) -> list[bytes | None]:
+        with _rocks_errors():
+            return self._cfs[table].get(list(keys))
 
     def scan(self, table: Table, start: bytes, stop: bytes, limit: int) -> list[Row]:
         out: list[Row] = []
