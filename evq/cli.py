@@ -530,7 +530,6 @@ def _bench_backends_rerun(args: argparse.Namespace) -> str:
 
 def _cmd_bench_backends(args: argparse.Namespace) -> int:
     from evq.bench.backends import (
-        SCALE_DIVISOR,
         BackendsBenchOptions,
         memory_step,
         run_backends_bench,
@@ -547,7 +546,7 @@ def _cmd_bench_backends(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     results = run_backends_bench(opts)
-    step = memory_step(opts.messages // SCALE_DIVISOR, opts.messages)
+    step = memory_step(opts.messages)
     rerun = _bench_backends_rerun(args)
     files = write_report(results, args.out, rerun, step)
     if args.json:

@@ -179,17 +179,18 @@ class MemoryStep:
     big_ns: float
 
 
-def memory_step(small_entries: int, big_entries: int, lookups: int = 200_000) -> MemoryStep:
-    """Nanoseconds a random lookup takes in a Python dict of ``small_entries`` and of
-    ``big_entries`` 16-byte keys.
+def memory_step(messages: int, lookups: int = 200_000) -> MemoryStep:
+    """Nanoseconds a random lookup takes in a Python dict of 16-byte keys as many as the
+    scale phase's two stores hold messages (``messages`` and a tenth of it).
 
     A store's lookup is a few such random touches of memory, so its scale ratio can be no
     flatter than the machine's: once a working set outgrows the CPU caches every touch costs
     more (on a 2-core VM with 4 MiB of L2: about 3x from 10^5 to 10^6 keys, little beyond).
     The report prints this beside the ratios to tell that step from a store's own growth."""
+    small_entries = messages // SCALE_DIVISOR
     rng = random.Random(4)
     timings = []
-    for entries in (small_entries, big_entries):
+    for entries in (small_entries, messages):
         table = {rng.randbytes(16): i for i in range(entries)}
         keys = list(table)
         probes = [keys[rng.randrange(entries)] for _ in range(lookups)]
@@ -198,7 +199,7 @@ def memory_step(small_entries: int, big_entries: int, lookups: int = 200_000) ->
         for key in probes:
             table[key]
         timings.append((time.perf_counter() - t0) / lookups * 1e9)
-    return MemoryStep(small_entries, big_entries, timings[0], timings[1])
+    return MemoryStep(small_entries, messages, timings[0], timings[1])
 
 
 def drop_cached_pages(root: Path) -> None:
