@@ -8,12 +8,12 @@ import attrs
 
 from evq.domain.codes import BrokerError, ResponseCode
 
-_GROUP_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_GROUP_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")  # matched whole: fullmatch, so no "\n" ends it
 MAX_GROUP_LENGTH = 255
 
 
 def validate_group(name: str) -> None:
-    if not name or len(name) > MAX_GROUP_LENGTH or not _GROUP_CHARS.match(name):
+    if not name or len(name) > MAX_GROUP_LENGTH or not _GROUP_CHARS.fullmatch(name):
         raise BrokerError(ResponseCode.SYSTEM_ERROR,
                           f"the group name {name!r} is blank, longer than {MAX_GROUP_LENGTH} or "
                           "has characters outside ^[%|a-zA-Z0-9_-]+$")

@@ -20,7 +20,7 @@ PERM_INHERIT = 1
 PERM_RW = PERM_READ | PERM_WRITE
 
 MAX_TOPIC_LENGTH = 127  # the stored record keeps the topic length in one byte
-_TOPIC_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_TOPIC_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")  # matched whole: fullmatch, so no "\n" ends it
 
 AUTO_CREATE_TOPIC = "TBW102"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -84,6 +84,11 @@ class TopicConfig:
         return max(self.read_queue_nums, self.write_queue_nums)
 
 
+def is_legal_topic_chars(name: str) -> bool:
+    """Whether every character of ``name`` is in RocketMQ's topic alphabet (and there is one)."""
+    return _TOPIC_CHARS.fullmatch(name) is not None
+
+
 def validate_topic(name: str) -> None:
     """RocketMQ's ``TopicValidator`` rules; a bad name is a SYSTEM_ERROR as in Java."""
     if not name or not name.strip():
@@ -92,7 +97,7 @@ def validate_topic(name: str) -> None:
         raise BrokerError(ResponseCode.SYSTEM_ERROR,
                           "The specified topic is longer than topic max length "
                           f"{MAX_TOPIC_LENGTH}.")
-    if not _TOPIC_CHARS.match(name):
+    if not is_legal_topic_chars(name):
         raise BrokerError(ResponseCode.SYSTEM_ERROR,
                           f"The specified topic[{name}] contains illegal characters, "
                           "allowing only ^[%|a-zA-Z0-9_-]+$")

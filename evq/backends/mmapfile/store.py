@@ -25,7 +25,6 @@ import shutil
 import struct
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQ
 from evq.backends.subscribers import DispatchSubscribers
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
+from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
@@ -77,15 +77,27 @@ _STORE_END = _STORE_AT + _STORE_V4.size
 # plain (0) ones do: the append path tests this one bit instead of sf.NOT_CONSUMABLE.
 _NO_QUEUE_ENTRY = sf.TRANSACTION_PREPARED_TYPE
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
+_ESCAPED = "~"  # starts the directory name of a topic outside the legal alphabet
 
 
 def _queue_dir_name(topic: str) -> str:
-    # Topic charsets allow '%' and '|'; quote anything a file system could dislike.
-    return urllib.parse.quote(topic, safe="%|-_")
+    """A topic's ConsumeQueue directory: the raw name, as RocketMQ, for every legal topic.
+
+    Every character a legal name may hold (``[%|a-zA-Z0-9_-]``) is safe in a file name, so a
+    legal name is its own directory name and nothing decodes it (decoding ``%de`` in
+    ``%RETRY%default`` once lost a whole queue).  A name outside that alphabet (only the
+    embedded store API can append one) is spelled ``~`` + its UTF-8 in hex: ``~`` is not a
+    legal topic character, so the two spellings never meet.
+    """
+    if tp.is_legal_topic_chars(topic):
+        return topic
+    return _ESCAPED + topic.encode().hex()
 
 
 def _topic_of_dir(name: str) -> str:
-    return urllib.parse.unquote(name)
+    if name.startswith(_ESCAPED):
+        return bytes.fromhex(name[len(_ESCAPED):]).decode()
+    return name
 
 
 class MmapMessageLog(MessageLog):
