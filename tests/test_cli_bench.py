@@ -148,6 +148,7 @@ NET_FIGURES = (
     "produce_batch_client_cpu_us_per_msg",
     "produce_pipelined_client_cpu_us_per_msg",
     "consume_client_cpu_us_per_msg",
+    "loop_stall_max_ms",
 )
 
 

@@ -14,7 +14,12 @@ One run, all against one topic of ``queues`` queues created up front:
   consumed offset with each pull; the messages counted in the answers must add up to the
   ``3 x messages`` produced;
 * **latency**: sends started at a fixed ``rate`` for ``latency_seconds``, each timed from
-  the moment it was sent to its answer (p50, p99, max).
+  the moment it was sent to its answer (p50, p99, max), while a second connection keeps
+  making metadata (a pull by a new consumer group, each one recorded and flushed) and pulls
+  the topic: the mixed load;
+* **loop stall**: the longest the broker's event loop went without running over the whole
+  run, as the broker measures it (``evqLoopStallMaxMs`` in its runtime info): what any client
+  of the broker waited on top of its own request.
 
 Messages are the store benchmark's (:class:`~evq.bench.store.Workload` with one topic): tags,
 a KEYS word and a UNIQ_KEY, as stock producers send them, so the broker indexes what it would
@@ -27,6 +32,8 @@ per message the broker process and this client process spent, which says which s
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,6 +61,8 @@ log = structlog.get_logger(__name__)
 
 PRODUCER_GROUP = "BenchNetProducer"
 CONSUMER_GROUP = "BenchNetConsumer"
+CHURN_GROUP_PREFIX = "BenchNetChurn"
+CHURN_PAUSE_S = 0.05
 PULL_BATCH = 32
 PRODUCE_PHASES = 3  # single, batch, pipelined: each sends ``messages`` to the same topic
 REQUEST_TIMEOUT_S = 30.0
@@ -117,6 +126,7 @@ class NetBenchResult:
     latency_rate_msgs_per_s: float  # the rate asked for
     latency_achieved_msgs_per_s: float  # the rate the sends were actually started at
     latency_messages: int
+    loop_stall_max_ms: float
     produce_broker_cpu_us_per_msg: float | None
     produce_client_cpu_us_per_msg: float
     produce_batch_broker_cpu_us_per_msg: float | None
@@ -322,6 +332,28 @@ async def consume_all(client: RemotingClient, topic: str, ends: list[int],
     return sum(p.result() for p in pulls)
 
 
+async def metadata_churn(client: RemotingClient, topic: str, pause_s: float) -> int:
+    """Pull ``topic`` as a new consumer group every ``pause_s`` until cancelled (each new group
+    is a metadata record the broker makes durable); how many groups it made."""
+    made = 0
+    while True:
+        answer = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+            "consumerGroup": f"{CHURN_GROUP_PREFIX}{made}", "topic": topic, "queueId": 0,
+            "queueOffset": 0, "maxMsgNums": PULL_BATCH, "sysFlag": FLAG_SUBSCRIPTION,
+            "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0,
+        }), REQUEST_TIMEOUT_S)
+        _expect(answer, f"pull by new group {made}")
+        made += 1
+        await asyncio.sleep(pause_s)
+
+
+async def loop_stall_ms(client: RemotingClient) -> float:
+    answer = await client.invoke(RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO),
+                                 REQUEST_TIMEOUT_S)
+    table = json.loads(_expect(answer, "broker runtime info").body)["table"]
+    return float(table["evqLoopStallMaxMs"])
+
+
 @attrs.frozen
 class Latencies:
     seconds: list[float]  # ascending
@@ -405,8 +437,15 @@ async def _run(opts: NetBenchOptions) -> NetBenchResult:
             if consume.messages != sum(ends):
                 raise BenchError(f"consumed {consume.messages} of {sum(ends)} messages")
             settled += await broker.settle(SETTLE_MAX_S)
-            with progress(opts.progress, f"latency at {opts.rate}/s", len(latency_indices)) as bar:
-                latencies = await fixed_rate(producer, latency_indices, opts.rate, bar)
+            async with RemotingClient(broker.host, broker.port) as side:
+                churn = asyncio.create_task(metadata_churn(side, producer.topic, CHURN_PAUSE_S))
+                with progress(opts.progress, f"latency at {opts.rate}/s",
+                              len(latency_indices)) as bar:
+                    latencies = await fixed_rate(producer, latency_indices, opts.rate, bar)
+                churn.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await churn
+            stall_ms = await loop_stall_ms(client)
             broker.check_alive()
 
     ms = [s * 1000 for s in latencies.seconds]
@@ -422,6 +461,7 @@ async def _run(opts: NetBenchOptions) -> NetBenchResult:
         latency_rate_msgs_per_s=opts.rate,
         latency_achieved_msgs_per_s=latencies.started_per_s,
         latency_messages=len(ms),
+        loop_stall_max_ms=stall_ms,
         produce_broker_cpu_us_per_msg=single.broker_us_per_msg,
         produce_client_cpu_us_per_msg=single.client_us_per_msg,
         produce_batch_broker_cpu_us_per_msg=batch.broker_us_per_msg,
@@ -463,6 +503,8 @@ def format_report(result: NetBenchResult) -> str:
          f"{r.latency_messages:,} sends at {r.latency_rate_msgs_per_s:,.0f}/s "
          f"(achieved {r.latency_achieved_msgs_per_s:,.0f}/s)", ""),
         ("send p99", f"{r.send_p99_ms:,.3f} ms", f"max {r.send_max_ms:,.3f} ms", ""),
+        ("loop stall", f"{r.loop_stall_max_ms:,.1f} ms",
+         "the broker's event loop, longest over the run (new groups during latency)", ""),
     ]
     head = ("phase", "figure", "how", "cpu us/msg broker / client")
     widths = [max(len(row[k]) for row in [head, *rows]) for k in range(4)]

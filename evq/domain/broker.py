@@ -26,7 +26,7 @@ from evq.domain.broker_config import BrokerConfig
 from evq.domain.clock import Clock
 from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
 from evq.domain.delay import DelayLevels
-from evq.domain.groups import SubscriptionGroupConfig
+from evq.domain.groups import SubscriptionGroupConfig, validate_group
 from evq.domain.hashing import tags_code
 from evq.domain.locks import RebalanceLockManager
 from evq.domain.log import AppendResult, GetStatus, MessageLog, PutStatus
@@ -38,6 +38,7 @@ from evq.domain.message import (
     encode_properties,
 )
 from evq.domain.metadata import (
+    OFFSETS_RECORD_BODY,
     Change,
     MetadataState,
     MetadataStore,
@@ -47,7 +48,7 @@ from evq.domain.metadata import (
     Watermark,
     group_delete,
     group_put,
-    offsets_snapshot,
+    offsets_snapshots,
     topic_delete,
     topic_put,
 )
@@ -176,6 +177,7 @@ class Broker:
         self._next_snapshot_ms = clock.now_ms() + self.config.offset_snapshot_interval_ms
         self._tick_hooks: list[Callable[[int], None]] = []
         self._closed = False
+        self._loop_thread: int | None = None
         # Orderly consumers' queue locks live in memory, as in RocketMQ: after a restart the
         # consumers lock again within their 20 s renewal.
         self.locks = RebalanceLockManager(clock=clock,
@@ -283,6 +285,9 @@ class Broker:
         if self.config.is_slave:
             raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
                               "a slave takes no writes; send to the master")
+        if threading.get_ident() == self._loop_thread:
+            log.error("metadata_write_on_event_loop", events=[e.kind.value for e in events],
+                      stack_info=True)
         now = self.clock.now_ms()
         records = [self._record(m) for m in messages]
         records += [self._record(self._meta_message(ev, now)) for ev in events]
@@ -295,6 +300,12 @@ class Broker:
             self.log.wait_durable(results[-1].end_offset, self.config.sync_flush_timeout_ms / 1000)
             self.catch_up()
         return results
+
+    def declare_event_loop_thread(self) -> None:
+        """The calling thread runs an event loop, which must never wait on disk: a metadata
+        write from it (it waits for durability and a SQL commit) is logged as an error naming
+        the caller, so a path that misses :meth:`put_writes_metadata` shows in any test."""
+        self._loop_thread = threading.get_ident()
 
     def _meta_message(self, ev: MetaEvent, now: int) -> Message:
         return Message(topic=tp.META_TOPIC, body=ev.body(),
@@ -396,6 +407,23 @@ class Broker:
                                 perm=perm)
         self.record_events([topic_put(config)])
         return config
+
+    def put_writes_metadata(self, topic: str) -> bool:
+        """Whether :meth:`put` to ``topic`` may create a topic or group first, and so wait on
+        disk (a metadata record made durable, a SQL commit): the network shell runs such puts
+        off its event loop.  Conservative: a retry topic counts while its group or its DLQ
+        is missing, although only a message past its retries goes to the DLQ."""
+        if self.topic(topic) is None:
+            return True
+        if topic.startswith(tp.RETRY_PREFIX):
+            group = topic[len(tp.RETRY_PREFIX):]
+            return self.group(group) is None or self.topic(tp.dlq_topic(group)) is None
+        return False
+
+    def pull_writes_metadata(self, group: str) -> bool:
+        """Whether :meth:`pull` for ``group`` may create the group first (see
+        :meth:`put_writes_metadata`)."""
+        return self.group(group) is None and not self.config.is_slave
 
     def _topic_for_send(self, topic: str, default_topic: str, default_queue_nums: int
                         ) -> tp.TopicConfig:
@@ -637,6 +665,9 @@ class Broker:
     # --- consumer offsets -----------------------------------------------------------------------
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Raises BrokerError for a group name RocketMQ would refuse: every commit becomes part
+        of a snapshot record, and one oversized name must not make a snapshot unstorable."""
+        validate_group(group)
         key = (group, topic, queue_id)
         with self._lock:
             if self._offsets.get(key) != offset:
@@ -647,6 +678,8 @@ class Broker:
         """A master taking the commits a slave kept while the master was down: each one
         counts where it is ahead of this broker's own; returns how many did."""
         taken = 0
+        for group, _topic, _qid in entries:
+            validate_group(group)
         with self._lock:
             for key, offset in entries.items():
                 if offset > self._offsets.get(key, -1):
@@ -671,16 +704,24 @@ class Broker:
             return {k: v for k, v in self._offsets.items() if group is None or k[0] == group}
 
     def snapshot_offsets(self) -> int:
-        """Record changed offsets as one metadata event; returns how many.  A slave records
-        nothing and keeps its commits pending until its master's log carries them."""
+        """Record changed offsets as metadata events (as many records as their size needs);
+        returns how many.  A change is forgotten only once its record is durable, and only if
+        no newer commit came meanwhile: a failed snapshot (full disk, flush timeout) leaves
+        every change to the next.  A slave records nothing and keeps its commits pending
+        until its master's log carries them."""
         if self.config.is_slave:
             return 0
         with self._lock:
-            changed = sorted(self._dirty)
-            entries = [(k, self._offsets[k]) for k in changed if k in self._offsets]
-            self._dirty.clear()
+            self._dirty.intersection_update(self._offsets)
+            entries = [(k, self._offsets[k]) for k in sorted(self._dirty)]
         if entries:
-            self.record_events([offsets_snapshot(entries)])
+            # Half a record for the JSON leaves the header and properties ample room.
+            budget = min(OFFSETS_RECORD_BODY, self.log.max_record_size // 2)
+            self.record_events(offsets_snapshots(entries, budget))
+        with self._lock:
+            for key, offset in entries:
+                if self._offsets.get(key) == offset:
+                    self._dirty.discard(key)
         return len(entries)
 
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int, *,

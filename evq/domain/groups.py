@@ -14,8 +14,9 @@ MAX_GROUP_LENGTH = 255
 
 def validate_group(name: str) -> None:
     if not name or len(name) > MAX_GROUP_LENGTH or not _GROUP_CHARS.fullmatch(name):
+        shown = repr(name) if len(name) <= 64 else f"{name[:64]!r}... ({len(name)} characters)"
         raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                          f"the group name {name!r} is blank, longer than {MAX_GROUP_LENGTH} or "
+                          f"the group name {shown} is blank, longer than {MAX_GROUP_LENGTH} or "
                           "has characters outside ^[%|a-zA-Z0-9_-]+$")
 
 

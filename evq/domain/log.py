@@ -243,6 +243,11 @@ class MessageLog(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def max_record_size(self) -> int:
+        """The largest stored record :meth:`append` takes; bigger ones are MESSAGE_ILLEGAL."""
+
+    @property
+    @abc.abstractmethod
     def max_physical_offset(self) -> int:
         """The log end: where the next byte will be written."""
 

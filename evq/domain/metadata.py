@@ -14,6 +14,7 @@ import abc
 import enum
 import json
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 import attrs
 
@@ -71,9 +72,37 @@ def group_delete(group: str) -> MetaEvent:
     return MetaEvent(EventKind.GROUP_DELETE, {"groupName": group})
 
 
+OFFSETS_RECORD_BODY: Final = 1024 * 1024
+"""Most bytes of JSON one offsets record carries: a quarter of the 4 MiB record limit, so a
+snapshot of any size is stored as several records rather than refused."""
+
+
 def offsets_snapshot(offsets: Iterable[tuple[OffsetKey, int]]) -> MetaEvent:
     return MetaEvent(EventKind.OFFSETS,
                      {"offsets": [[g, t, q, o] for (g, t, q), o in offsets]})
+
+
+def offsets_snapshots(offsets: Sequence[tuple[OffsetKey, int]],
+                      max_body: int = OFFSETS_RECORD_BODY) -> list[MetaEvent]:
+    """``offsets`` as events whose bodies stay under ``max_body`` bytes each.
+
+    Each entry's size is measured as it will be encoded (non-ASCII names escape to several
+    bytes).  One entry larger than ``max_body`` still gets an event of its own: validated
+    names keep an entry under 2 KiB, and the log refuses what is over its record limit."""
+    events: list[MetaEvent] = []
+    chunk: list[tuple[OffsetKey, int]] = []
+    size = len(offsets_snapshot(()).body())
+    used = size
+    for (g, t, q), o in offsets:
+        entry = len(json.dumps([g, t, q, o], separators=(",", ":"))) + 1  # and its comma
+        if chunk and used + entry > max_body:
+            events.append(offsets_snapshot(chunk))
+            chunk, used = [], size
+        chunk.append(((g, t, q), o))
+        used += entry
+    if chunk:
+        events.append(offsets_snapshot(chunk))
+    return events
 
 
 def progress(service: str, value: object) -> MetaEvent:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 
 import structlog
 
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
-from evq.net import fastjson
+from evq.net import execution, fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
@@ -136,8 +137,10 @@ class NameServer:
         if crc != 0 and crc != body_crc32(cmd.body):
             log.warning("register_crc_mismatch", peer=conn.peer, broker=broker.broker_addr)
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "crc32 not match")
-        body = RegisterBrokerBody.decode(
-            cmd.body, compressed=cmd.get_bool("compressed", False), version=cmd.version)
+        body = await execution.sized(  # a big topic table inflates and parses for ~100 ms
+            len(cmd.body), functools.partial(
+                RegisterBrokerBody.decode, cmd.body,
+                compressed=cmd.get_bool("compressed", False), version=cmd.version))
         reg = self.routes.register(
             cluster=broker.cluster, broker_name=broker.broker_name,
             broker_addr=broker.broker_addr, broker_id=broker.broker_id,

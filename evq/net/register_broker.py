@@ -41,6 +41,7 @@ from typing import Any, Final, TypeVar
 import attrs
 
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.compression import InflateError, inflate
 from evq.domain.config_json import from_json, to_json
 from evq.domain.topics import TopicConfig, TopicFilterType
 from evq.net import fastjson
@@ -163,15 +164,10 @@ class RegisterBrokerBody:
 
     @classmethod
     def _decode_compressed(cls, body: bytes) -> RegisterBrokerBody:
-        inflater = zlib.decompressobj()
         try:
-            data = inflater.decompress(body, MAX_INFLATED + 1)
-        except zlib.error as exc:
-            raise RegisterBodyError(f"not a zlib stream: {exc}") from None
-        if len(data) > MAX_INFLATED:
-            raise RegisterBodyError(f"inflates past {MAX_INFLATED} bytes")
-        if not inflater.eof:
-            raise RegisterBodyError("compressed stream is truncated")
+            data = inflate(body, MAX_INFLATED)
+        except InflateError as exc:
+            raise RegisterBodyError(str(exc)) from None
         reader = _Reader(data)
         dv = _data_version(_json_object(reader.sized("DataVersion"), "DataVersion"))
         count = reader.int32("topic count")

@@ -31,15 +31,20 @@ What the transport promises, and why:
 * Each request runs in its own task and answers go out in completion order, so a pull parked
   for 15 s by long polling does not hold up a heartbeat behind it on the same connection (the
   C++ client drops the whole connection when a heartbeat takes over 3 s).
-* Backpressure: a server connection stops reading, and stops starting handlers, while its
-  transport's write buffer is above ``write_high_water`` or ``max_in_flight`` handlers are
-  running; a peer that does not read its answers therefore costs at most about
-  ``write_high_water`` plus ``max_in_flight`` answers of memory.  A client connection pauses
-  only for ``max_in_flight``, never for its own write buffer: its writes are requests its
-  caller awaits (bounded by the caller), and if it stopped reading while the server did too,
-  big messages sent while big answers come back would deadlock the connection.  A handler
-  waiting for the peer's answer to a broker-initiated request is bounded by its own timeout,
-  even while reading is paused.
+* Backpressure, as Netty's channel writability: a server connection stops reading, and stops
+  starting handlers, while its transport's write buffer is above ``write_high_water``, while
+  ``max_in_flight`` handlers are running, or while the requests they hold add up to
+  ``max_request_bytes``.  A handler starts only while the buffer is under the mark
+  (:meth:`Connection.writable`), and a handler that builds a large answer after waiting (a
+  long poll that woke up) waits for it again first; since nothing awaits between building an
+  answer and writing it, a peer that does not read its answers costs one connection at most
+  ``write_high_water`` plus one answer plus ``max_request_bytes`` plus one frame, however many
+  requests it pipelines.  A client connection pauses only for ``max_in_flight`` and
+  ``max_request_bytes``, never for its own write buffer: its writes are requests its caller
+  awaits (bounded by the caller), and if it stopped reading while the server did too, big
+  messages sent while big answers come back would deadlock the connection.  A handler waiting
+  for the peer's answer to a broker-initiated request is bounded by its own timeout, even
+  while reading is paused.
 * A malformed frame loses the framing: the peer gets SYSTEM_ERROR if its opaque was readable,
   then the connection is closed; the server and its other connections carry on.
 * Idle connections (nothing received or sent and no request running for ``idle_timeout``
@@ -52,6 +57,7 @@ What the transport promises, and why:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -101,6 +107,9 @@ class TransportConfig:
     """Unsent bytes above which the connection stops reading and starting handlers..."""
     write_low_water: int = 1024 * 1024
     """...until the peer has taken the buffer down to this."""
+    max_request_bytes: int = 64 * 1024 * 1024
+    """Bytes of requests the running handlers of one connection may hold (sixteen 4 MiB
+    messages waiting for a flush or a slave); past it no further request is taken."""
     idle_timeout: float = 120.0
     """Seconds without traffic after which the server closes a connection (Java: 120)."""
     idle_check_interval: float = 10.0
@@ -112,8 +121,8 @@ class TransportConfig:
                 f"write_low_water {self.write_low_water} must be between 0 and "
                 f"write_high_water {self.write_high_water}"
             )
-        if min(self.max_frame, self.max_in_flight) < 1:
-            raise ValueError("max_frame and max_in_flight must be positive")
+        if min(self.max_frame, self.max_in_flight, self.max_request_bytes) < 1:
+            raise ValueError("max_frame, max_in_flight and max_request_bytes must be positive")
         if min(self.idle_timeout, self.idle_check_interval, self.connect_timeout) <= 0:
             raise ValueError("timeouts and intervals must be positive")
 
@@ -208,6 +217,8 @@ class Connection(asyncio.Protocol):
         self._closed = asyncio.get_running_loop().create_future()
         self._pause_on_write = pause_on_write
         self._writing_paused = False
+        self._write_waiters: list[asyncio.Future[None]] = []
+        self._held = 0  # bytes of the requests running handlers hold
         self._stopped = False  # no more requests taken: shutting down or framing lost
         self._reading = True
         self.last_active = clock.monotonic()
@@ -228,6 +239,11 @@ class Connection(asyncio.Protocol):
         return not self._reading
 
     @property
+    def held_request_bytes(self) -> int:
+        """Bytes of the peer's requests being handled now."""
+        return self._held
+
+    @property
     def write_buffer_size(self) -> int:
         """Bytes written and not yet taken by the kernel."""
         return self._transport.get_write_buffer_size() if self._transport else 0
@@ -237,6 +253,21 @@ class Connection(asyncio.Protocol):
         if self._tasks or self._pending:
             return 0.0
         return self._clock.monotonic() - self.last_active
+
+    async def writable(self) -> None:
+        """Return once this side's write buffer is under its high-water mark (or the
+        connection is gone).  A handler about to build a large answer awaits this first, so
+        a peer that stops reading holds at most one such answer beyond the mark."""
+        while self._writing_paused and not self.is_closed:
+            waiter = asyncio.get_running_loop().create_future()
+            self._write_waiters.append(waiter)
+            await waiter
+
+    def _wake_writers(self) -> None:
+        waiters, self._write_waiters = self._write_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def add_close_callback(self, callback: CloseCallback) -> None:
         if self.is_closed:
@@ -321,6 +352,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._wake_writers()
         self._pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -334,6 +366,7 @@ class Connection(asyncio.Protocol):
             if not future.done():
                 future.set_exception(closed)
         self._closed.set_result(None)
+        self._wake_writers()
         for callback in self._close_callbacks:
             try:
                 callback(self)
@@ -348,6 +381,7 @@ class Connection(asyncio.Protocol):
             not self._stopped
             and not (self._writing_paused and self._pause_on_write)
             and len(self._tasks) < self._config.max_in_flight
+            and self._held < self._config.max_request_bytes
         )
 
     def _update_reading(self) -> None:
@@ -364,15 +398,20 @@ class Connection(asyncio.Protocol):
     def _pump(self) -> None:
         """Decode and start what the limits allow; the rest waits in the decoder's buffer."""
         try:
-            while self._may_take() and (cmd := self._decoder.next_command()) is not None:
+            while self._may_take():
+                before = self._decoder.buffered
+                if (cmd := self._decoder.next_command()) is None:
+                    break
                 if cmd.is_response:
                     self._resolve(cmd)
                 else:
+                    size = before - self._decoder.buffered
                     task = asyncio.get_running_loop().create_task(self._handle(cmd))
                     self._tasks.add(task)
+                    self._held += size
                     if cmd.is_oneway:
                         self._oneway.add(task)
-                    task.add_done_callback(self._handled)
+                    task.add_done_callback(functools.partial(self._handled, size))
         except ProtocolError as exc:
             self._refuse(exc)
         self._update_reading()
@@ -386,6 +425,8 @@ class Connection(asyncio.Protocol):
         future.set_result(response)
 
     async def _handle(self, cmd: RemotingCommand) -> None:
+        if self._pause_on_write:
+            await self.writable()
         response = await self._dispatcher.dispatch(self, cmd)
         if response is None or cmd.is_oneway or self._transport is None:
             return
@@ -397,7 +438,8 @@ class Connection(asyncio.Protocol):
             log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
             self._write(cmd.response(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}"))
 
-    def _handled(self, task: asyncio.Task[None]) -> None:
+    def _handled(self, size: int, task: asyncio.Task[None]) -> None:
+        self._held -= size
         self._tasks.discard(task)
         self._oneway.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
@@ -435,14 +477,28 @@ class RemotingServer:
         self._connections: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Bind and listen; ``port`` is the bound port afterwards.  Raises OSError."""
+    async def start(self, *, serving: bool = True) -> None:
+        """Bind, and listen unless ``serving`` is False; ``port`` is the bound port afterwards.
+        Raises OSError.
+
+        A server that must learn its port before it can answer (a broker stamps its address
+        into every stored record) binds first and calls :meth:`start_serving` once ready:
+        until then the port is held but connections are refused, which every client retries,
+        rather than accepted and answered with a code a client gives up on."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._new_connection, self.host, self.port, reuse_address=True, backlog=1024
+            self._new_connection, self.host, self.port, reuse_address=True, backlog=1024,
+            start_serving=False,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self._sweeper = loop.create_task(self._sweep())
+        if serving:
+            await self.start_serving()
+
+    async def start_serving(self) -> None:
+        """Listen on the bound port and accept connections."""
+        assert self._server is not None, "start() binds first"
+        await self._server.start_serving()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         log.info("listening", host=self.host, port=self.port)
 
     @property

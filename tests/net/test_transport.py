@@ -266,7 +266,7 @@ async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> No
             RemotingCommand(code=ECHO, opaque=i).encode() for i in range(1, requests + 1)
         ))
         (conn,) = server.connections
-        await eventually(lambda: conn.reading_paused and conn.in_flight == 0)
+        await eventually(lambda: conn.reading_paused and conn.write_buffer_size > high_water)
         bound = high_water + (in_flight + 1) * (answer_size + 200)
         assert conn.write_buffer_size <= bound
         assert handled < requests
@@ -281,6 +281,63 @@ async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> No
         assert sorted(opaques) == list(range(1, requests + 1))
         assert peak + answer_size <= bound
         assert stalled_at < handled == requests
+
+
+async def test_pipelined_requests_cost_one_answer_beyond_the_mark_however_many_may_run(
+) -> None:
+    """Netty's writability: with 1,024 handlers allowed at once, a peer that pipelines a
+    thousand requests and reads nothing still holds one answer beyond the high-water mark
+    (it once held all thousand)."""
+    answer_size, high_water = 64 * 1024, 256 * 1024
+
+    async def big(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(body=bytes(answer_size))
+
+    requests = 1000
+    async with serving(
+        {ECHO: big}, write_high_water=high_water, write_low_water=high_water // 4,
+    ) as server, RawPeer.connect(server) as peer:
+        await peer.send(b"".join(
+            RemotingCommand(code=ECHO, opaque=i).encode() for i in range(1, requests + 1)
+        ))
+        (conn,) = server.connections
+        await eventually(lambda: conn.reading_paused and conn.write_buffer_size > high_water)
+        for _ in range(20):  # every handler that started has reached its wait by now
+            await asyncio.sleep(0)
+        assert conn.write_buffer_size <= high_water + answer_size + 200
+        received = 0
+        while received < requests:
+            answer = await peer.receive()
+            assert answer is not None and len(answer.body) == answer_size
+            received += 1
+
+
+async def test_requests_held_by_running_handlers_are_bounded_in_bytes() -> None:
+    release = asyncio.Event()
+    started = 0
+    body, limit = 1024 * 1024, 4 * 1024 * 1024
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        nonlocal started
+        started += 1
+        await release.wait()
+        return cmd.response()
+
+    async with serving({SLOW: parked}, max_request_bytes=limit) as server, \
+            RawPeer.connect(server) as peer:
+        sender = asyncio.create_task(peer.send(b"".join(
+            RemotingCommand(code=SLOW, opaque=i, body=bytes(body)).encode()
+            for i in range(1, 33))))
+        await eventually(lambda: started == 4)
+        (conn,) = server.connections
+        await eventually(lambda: conn.reading_paused)
+        assert started == 4  # the fourth took the held bytes past the limit
+        assert limit < conn.held_request_bytes <= limit + body + 200
+        release.set()
+        answers = [await peer.receive() for _ in range(32)]
+        assert sorted(a.opaque for a in answers if a) == list(range(1, 33))
+        await sender
+        assert conn.held_request_bytes == 0
 
 
 async def test_heavy_traffic_both_ways_on_one_connection_does_not_deadlock() -> None:
@@ -301,7 +358,8 @@ async def test_heavy_traffic_both_ways_on_one_connection_does_not_deadlock() -> 
 
 @pytest.mark.parametrize(
     "limits",
-    [{"write_low_water": 2, "write_high_water": 1}, {"max_in_flight": 0}, {"idle_timeout": 0}],
+    [{"write_low_water": 2, "write_high_water": 1}, {"max_in_flight": 0}, {"idle_timeout": 0},
+     {"max_request_bytes": 0}],
 )
 def test_config_refuses_inconsistent_limits(limits: dict[str, int]) -> None:
     with pytest.raises(ValueError):

@@ -442,6 +442,10 @@ class KeyedMessageLog(MessageLog):
         return self._min
 
     @property
+    def max_record_size(self) -> int:
+        return self._max_record
+
+    @property
     def max_physical_offset(self) -> int:
         return self._end + len(self._pending)
 

@@ -593,6 +593,10 @@ class MmapMessageLog(MessageLog):
         return self._log.min_offset
 
     @property
+    def max_record_size(self) -> int:
+        return self._max_record
+
+    @property
     def max_physical_offset(self) -> int:
         return self._log.max_offset
 

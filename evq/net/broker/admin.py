@@ -156,6 +156,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "commitLogMaxOffset": log.max_physical_offset,
             "commitLogDiskRatio": 0.0, "brokerRole": core.config.broker_role.value,
             "earliestMessageTimeStamp": 0, "evqBackend": type(log).__name__,
+            # The event loop's longest stall since the broker started (evq.net.loop_lag).
+            "evqLoopStallMaxMs": round(ctx.loop_lag.max_stall * 1000, 3),
         }
         return cmd.response(body=json.dumps(
             {"table": {k: str(v) for k, v in table.items()}}).encode())

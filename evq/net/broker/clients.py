@@ -11,6 +11,7 @@ import structlog
 from evq.domain import topics as tp
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.filters import FilterError, parse_subscription
+from evq.domain.groups import validate_group
 from evq.domain.membership import ConsumerData, Heartbeat
 from evq.domain.queues import MessageQueue
 from evq.domain.retry import send_back
@@ -69,6 +70,8 @@ def parse_heartbeat(body: Mapping[str, object]) -> Heartbeat:
         producers = [str(p["groupName"]) for p in body.get("producerDataSet") or []]  # type: ignore[attr-defined]
     except BAD_SHAPE as exc:
         raise _bad_body("heartbeat", exc) from None
+    for group in [c.group for c in consumers] + producers:
+        validate_group(group)
     return Heartbeat(client_id, consumers, producers)
 
 
@@ -88,6 +91,13 @@ def _consumer_data(c: Mapping[str, object]) -> ConsumerData:
         group, _enum(c.get("consumeType"), CONSUME_TYPES),
         _enum(c.get("messageModel"), MESSAGE_MODELS),
         _enum(c.get("consumeFromWhere"), CONSUME_FROM), subs)
+
+
+def body_group(body: Mapping[str, object]) -> str:
+    """The ``consumerGroup`` of a queue-lock body, checked as a header's would be."""
+    group = str(body.get("consumerGroup"))
+    validate_group(group)
+    return group
 
 
 def queues_of(items: Iterable[Mapping[str, object]]) -> list[MessageQueue]:
@@ -180,7 +190,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 
     async def lock_batch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         body = json_body(cmd)
-        locked = ctx.core.locks.lock_batch(str(body.get("consumerGroup")),
+        locked = ctx.core.locks.lock_batch(body_group(body),
                                            queues_of(body.get("mqSet") or []),  # type: ignore[arg-type]
                                            str(body.get("clientId")))
         return cmd.response(body=json.dumps(
@@ -188,7 +198,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 
     async def unlock_batch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         body = json_body(cmd)
-        ctx.core.locks.unlock_batch(str(body.get("consumerGroup")),
+        ctx.core.locks.unlock_batch(body_group(body),
                                     queues_of(body.get("mqSet") or []),  # type: ignore[arg-type]
                                     str(body.get("clientId")))
         return cmd.response()

@@ -14,8 +14,10 @@ from evq.domain.log import PutStatus
 from evq.domain.membership import GroupMembership
 from evq.domain.message import Host
 from evq.embedded import Broker as Engine
+from evq.net import execution
 from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
+from evq.net.loop_lag import LoopLag
 
 _T = TypeVar("_T")
 
@@ -34,14 +36,16 @@ class BrokerContext:
     # close already drops them from the membership tables.
     clients: weakref.WeakKeyDictionary[object, tuple[int, int]] = attrs.field(
         factory=weakref.WeakKeyDictionary)
+    loop_lag: LoopLag = attrs.field(factory=LoopLag)  # watched while the broker serves
 
     @property
     def core(self) -> Broker:
         return self.engine.core
 
     async def blocking(self, fn: Callable[..., _T], *args: object) -> _T:
-        """Run a call that writes metadata (SQL commit, log flush) off the event loop."""
-        return await asyncio.to_thread(fn, *args)
+        """Run a call that writes metadata (SQL commit, log flush) off the event loop
+        (see :mod:`evq.net.execution`)."""
+        return await execution.blocking(fn, *args)
 
 
 def parse_host(address: str) -> Host:

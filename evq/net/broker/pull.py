@@ -50,6 +50,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         max_count = max(1, min(cmd.get_int("maxMsgNums", 32), 1024))
         sub = subscription_of(ctx, cmd, group, topic)
         commit = cmd.get_long("commitOffset", -1) if flags & FLAG_COMMIT_OFFSET else None
+        if ctx.core.pull_writes_metadata(group):  # a new group is recorded: off the loop
+            await ctx.blocking(ctx.core.ensure_group, group)
+            await conn.writable()
         r = ctx.core.pull(group, topic, queue_id, offset, max_count=max_count,
                           subscription=sub, commit_offset=commit)
         if r.code is not ResponseCode.PULL_NOT_FOUND or not flags & FLAG_SUSPEND:
@@ -60,6 +63,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             return ctx.core.log.bounds(topic, queue_id)[1] > offset
 
         await ctx.holds.wait(topic, queue_id, offset, timeout, sub.tag_filter, recheck=arrived)
+        await conn.writable()  # many parked pulls wake at once: read for one answer at a time
         return answer(cmd, ctx.core.pull(group, topic, queue_id, offset, max_count=max_count,
                                          subscription=sub))
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import zlib
+from typing import Final
 
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.broker import SendResult
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
 from evq.domain.message import COMPRESS_OVER, Message, Prop, decode_properties
 from evq.domain.record import RecordError, decode_batch
+from evq.net import execution
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
-from evq.net.protocol import RemotingCommand
+from evq.net.protocol import MAX_FRAME, RemotingCommand
 from evq.net.transport import Connection, Handler
 
 # SendMessageRequestHeaderV2's one-letter names, in RocketMQ's order.
@@ -33,7 +36,18 @@ def v1_header(cmd: RemotingCommand) -> RemotingCommand:
                            serialize_type=cmd.serialize_type)
 
 
+MAX_INFLATED_BATCH: Final = MAX_FRAME
+"""A compressed batch may inflate to what an uncompressed request could carry, no more: a
+1 MiB zlib bomb once asked for 2 GiB."""
+
+
+def is_batch(h: RemotingCommand) -> bool:
+    return h.code == RequestCode.SEND_BATCH_MESSAGE or h.get_bool("batch", False)
+
+
 def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
+    """The request's messages; a batch is decoded (and inflated) here, so this runs off the
+    loop for large bodies (see :func:`evq.net.execution.sized`)."""
     topic = h.get_str("topic")
     queue_id = h.get_int("queueId")
     sysflag = h.get_int("sysFlag")
@@ -41,16 +55,15 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
     flag = h.get_int("flag", 0)
     reconsume = h.get_int("reconsumeTimes", 0)
     born_host = parse_host(conn.peer)
-    batch = h.code == RequestCode.SEND_BATCH_MESSAGE or h.get_bool("batch", False)
-    if batch:
+    if is_batch(h):
         if len(topic) > tp.MAX_TOPIC_LENGTH:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
         body = h.body
         try:
             if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
-                body = zlib.decompress(body)
+                body = inflate(body, MAX_INFLATED_BATCH)
             entries = decode_batch(body)
-        except (RecordError, zlib.error) as exc:
+        except (RecordError, InflateError) as exc:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
         if not entries:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
@@ -97,7 +110,9 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = v1_header(cmd)
-        messages = messages_of(conn, h)
+        # A single message's body is taken as it is; a batch's is decoded, maybe inflated.
+        work = len(h.body) if is_batch(h) else 0
+        messages = await execution.sized(work, messages_of, conn, h)
         wait = waits_for_store(messages)  # read before the broker routes (and strips) WAIT
         max_reconsume = (h.get_int("maxReconsumeTimes", None)
                          if h.version >= 121 else None)  # V3_4_9: Java's rule
@@ -109,8 +124,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
                                 default_topic_queue_nums=default_queues,
                                 max_reconsume_times=max_reconsume)
 
-        if ctx.core.topic(messages[0].topic) is None:  # auto-creation writes metadata:
-            result = await ctx.blocking(put)  # keep it off the loop
+        if ctx.core.put_writes_metadata(messages[0].topic):  # creating a topic or group
+            result = await ctx.blocking(put)  # waits on disk: keep it off the loop
             ctx.topics_changed()
         else:
             result = put()

@@ -3,8 +3,10 @@
 Start-up binds the port first, so that the store host written into every record (and so every
 offset msgId, and the address C++ clients send CONSUMER_SEND_MSG_BACK to) is the real
 client-facing ``ip:port`` even when the port was 0; then it opens the store (recovering it),
-and only then registers the processors.  Shutdown answers in-flight requests, releases parked
-pulls, flushes the store and removes its abort marker.
+registers the processors, and only then listens: while the store opens, connections are
+refused (clients retry), never answered REQUEST_CODE_NOT_SUPPORTED (which stock producers do
+not retry).  Shutdown answers in-flight requests, releases parked pulls, flushes the store and
+removes its abort marker.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from evq.ha.master import HAMaster
 from evq.ha.slave import HASlave
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.context import BrokerContext
+from evq.net.broker.names import names_checked
 from evq.net.codes import RequestCode
 from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
@@ -108,9 +111,9 @@ class BrokerServer:
         return self.ha_master.address if self.ha_master is not None else None
 
     async def start(self) -> None:
-        """Bind, open (and recover) the store, then serve.  Raises OSError when the port is
+        """Bind, open (and recover) the store, then listen.  Raises OSError when the port is
         taken and :class:`evq.domain.log.LogLocked` when another broker has the data dir."""
-        await self.server.start()
+        await self.server.start(serving=False)
         try:
             await self._open()
         except BaseException:
@@ -127,6 +130,7 @@ class BrokerServer:
             Engine.open, s.net.store_path_root_dir, s.net.backend, store_config=store_config,
             broker_config=broker_config, metadata=s.net.metadata_url or None, clock=self._clock)
         loop = asyncio.get_running_loop()
+        engine.core.declare_event_loop_thread()
         holds = PullHolds(loop)
         self._closers.append(engine.core.log.subscribe_dispatch(holds.on_dispatch))
         durable = (DurableWaker(loop, engine.core.log, store_config.sync_flush_timeout_ms / 1000)
@@ -136,10 +140,12 @@ class BrokerServer:
         engine.transactions.port = CheckBack(ctx)
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
-                self._dispatcher.register(code, handler)
+                self._dispatcher.register(code, names_checked(handler))
         self.ctx = ctx
         self._tasks.append(loop.create_task(self._scan_members()))
+        self._tasks.append(loop.create_task(ctx.loop_lag.run()))
         await self._start_ha(ctx)
+        await self.server.start_serving()  # ready: only now may a name server route here
         if s.net.namesrv_list:
             # Registered at once rather than RocketMQ's 10 s in: a client started with the
             # broker would otherwise find no route for its first sends.

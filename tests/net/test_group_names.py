@@ -1,0 +1,79 @@
+"""Every request naming a group is checked against RocketMQ's rule before it is processed,
+so no name a client sends can make the broker's offset snapshots unstorable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evq.domain.codes import ResponseCode
+from evq.net.codes import RequestCode
+from evq.net.transport import RemotingClient, run
+from tests.net.harness import broker
+from tests.net.test_broker_server import call, send_fields
+
+HUGE = "x" * (5 * 1024 * 1024)
+ILLEGAL = ("g" * 256, "g\n", "g h", "组", HUGE)
+KEY = {"topic": "T", "queueId": 0}
+
+
+@pytest.mark.parametrize("group", ILLEGAL, ids=lambda g: repr(g[:8]))
+async def test_requests_naming_an_illegal_group_are_refused_and_nothing_is_lost(
+        tmp_path: Path, group: str) -> None:
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        assert (await call(c, RequestCode.SEND_MESSAGE, send_fields("T"), b"m")).code == 0
+        await call(c, RequestCode.UPDATE_CONSUMER_OFFSET,
+                   {"consumerGroup": "G", **KEY, "commitOffset": 1})
+        refused = [
+            await call(c, RequestCode.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": group, **KEY, "commitOffset": 7}),
+            await call(c, RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, **KEY}),
+            await call(c, RequestCode.SEND_MESSAGE, {**send_fields("T"), "producerGroup": group},
+                       b"m"),
+            await call(c, RequestCode.SEND_MESSAGE_V2,
+                       dict(zip("abcdefghijk", send_fields("T").values(), strict=True))
+                       | {"a": group}, b"m"),
+            await call(c, RequestCode.CONSUMER_SEND_MSG_BACK,
+                       {"group": group, "offset": 0, "delayLevel": 0}),
+            await call(c, RequestCode.HEART_BEAT, body=json.dumps(
+                {"clientID": "c", "consumerDataSet": [{"groupName": group}]}).encode()),
+            await call(c, RequestCode.HEART_BEAT, body=json.dumps(
+                {"clientID": "c", "producerDataSet": [{"groupName": group}]}).encode()),
+            await call(c, RequestCode.LOCK_BATCH_MQ, body=json.dumps(
+                {"clientId": "c", "consumerGroup": group, "mqSet": []}).encode()),
+        ]
+        for r in refused:
+            assert r.code == ResponseCode.SYSTEM_ERROR
+            assert "group name" in (r.remark or "") and len(r.remark or "") < 300
+        assert b.ctx is not None
+        assert b.ctx.core.offsets() == {("G", "T", 0): 1}
+        assert b.ctx.core.snapshot_offsets() == 1  # the snapshot stores: nothing poisoned it
+    async with broker(tmp_path) as b:
+        assert b.ctx is not None
+        assert b.ctx.core.offsets() == {("G", "T", 0): 1}
+
+
+LEGAL = st.text(st.sampled_from("%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789_-"), min_size=1, max_size=255)
+
+
+@settings(max_examples=20, deadline=None)
+@given(LEGAL)
+def test_every_legal_group_name_commits_over_the_wire(tmp_path_factory: pytest.TempPathFactory,
+                                                       group: str) -> None:
+    async def commit_and_read() -> None:
+        async with (broker(tmp_path_factory.mktemp("b")) as b,
+                    RemotingClient("127.0.0.1", b.server.port) as c):
+            r = await call(c, RequestCode.UPDATE_CONSUMER_OFFSET,
+                           {"consumerGroup": group, **KEY, "commitOffset": 3})
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            r = await call(c, RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, **KEY})
+            assert r.ext_fields["offset"] == "3"
+
+    run(commit_and_read())
+
+
