@@ -13,6 +13,12 @@ Appends copy each producer-encoded record into the current segment, patch the fo
 fields in place and dispatch the ConsumeQueue and index entries from the facts the caller
 already knows (no parsing), all under the put lock.  Recovery and replication dispatch from
 the bytes instead (:meth:`MmapMessageLog._scan`); both paths produce the same projections.
+
+Power loss: every file and directory here but the lock is created through
+:mod:`evq.durable_fs`, so a CommitLog segment's size and directory entry are on disk before a
+record goes into it (the allocator builds the next one ahead), and a sync acknowledgement
+waits for msync alone.  ConsumeQueue files, created on the append path, are made durable by
+the projection flush before it writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 
 import structlog
 
+from evq import durable_fs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
@@ -121,6 +128,7 @@ class MmapMessageLog(MessageLog):
         self._last_store_ts = 0
         self._subscribers = DispatchSubscribers()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._new_projection_files = durable_fs.PendingSyncs()
         self._dispatched = 0  # log offset up to which projections are applied
         self._lock_fd = -1
         self._allocator = Allocator(warm=config.warm_segments,
@@ -161,7 +169,7 @@ class MmapMessageLog(MessageLog):
 
     def _open(self, background: bool) -> None:
         root = self.root
-        root.mkdir(parents=True, exist_ok=True)
+        durable_fs.make_dirs(root)
         self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -179,8 +187,7 @@ class MmapMessageLog(MessageLog):
             "store_recovered", path=str(root), abnormal=abnormal, log_end=end, cut_bytes=cut,
             queues=len(self._cqs), seconds=round(time.monotonic() - started, 3),
         )
-        abort.touch()
-        _fsync_dir(root)
+        durable_fs.touch(abort)
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
@@ -212,7 +219,7 @@ class MmapMessageLog(MessageLog):
         cq = ConsumeQueue(
             topic, queue_id,
             self.root / "consumequeue" / _queue_dir_name(topic) / str(queue_id),
-            self.config.consume_queue_entries,
+            self.config.consume_queue_entries, self._new_projection_files,
         )
         cq.next_offset = 0
         self._cqs[(topic, queue_id)] = cq
@@ -484,6 +491,7 @@ class MmapMessageLog(MessageLog):
         for cq in cqs:
             cq.flush()
         self._index.flush()
+        self._new_projection_files.sync()
         cp = self._checkpoint
         if cp is not None:
             cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
@@ -747,11 +755,3 @@ class MmapMessageLog(MessageLog):
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # closing drops the flock
             self._lock_fd = -1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
