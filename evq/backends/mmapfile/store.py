@@ -230,7 +230,8 @@ class MmapMessageLog(MessageLog):
 
         Normal shutdown: CRC-check the last three segments.  Crash: re-check from the last
         segment whose first record predates the checkpoint.  Either way projections are
-        re-dispatched from where the consume queues stop covering the log.
+        re-dispatched from where the consume queues stop covering the log; after a crash, from
+        no later than the checkpoint's log offset either.
         """
         files = self._log.files
         if not files:
@@ -256,8 +257,14 @@ class MmapMessageLog(MessageLog):
         # so after a crash it may lag them; re-dispatch from wherever either projection stops
         # (not earlier than the checkpoint's segment: a record without keys leaves the index
         # end behind without anything missing), rather than re-dispatching whole segments.
+        # After a power cut the projection files are not even of one moment: the kernel wrote
+        # some pages back and not others, so one queue may reach further than another, or
+        # than the index.  Everything below the checkpoint's offset was flushed before it was
+        # written, so re-dispatch starts there at the latest.
         index_covered = max(self._index.end_phys, files[start_i].start)
-        dispatch_from = min(covered, index_covered) if abnormal else covered
+        assert self._checkpoint is not None
+        flushed = max(self._checkpoint.physic_offset, files[0].start)
+        dispatch_from = min(covered, index_covered, flushed) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
             mf.wrote = mf.flushed = mf.size
@@ -347,15 +354,17 @@ class MmapMessageLog(MessageLog):
         return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
                           f.store_timestamp, f.sysflag)
 
-    @staticmethod
-    def _redispatch_ok(cq: ConsumeQueue, f: rec.Fields, phys: int) -> bool:
+    def _redispatch_ok(self, cq: ConsumeQueue, f: rec.Fields, phys: int) -> bool:
         """May a record whose queue offset is not its queue's next one go into the queue?
-        Only as the same entry again (a re-dispatch) or over a blank.  No CRC covers
-        QUEUEOFFSET or QUEUEID: a damaged one must neither overwrite another record's entry
-        nor blank-fill the queue up to a far offset (any number of files); the record keeps
-        the entry it already has, if any."""
+        Only as the same entry again (a re-dispatch), over a blank, or over an entry that
+        names no record holding that place (what a power cut leaves of an entry it never
+        wrote back, or tore at a page boundary).  No CRC covers QUEUEOFFSET or QUEUEID: a
+        damaged one must neither overwrite another record's entry nor blank-fill the queue up
+        to a far offset (any number of files); the record keeps the entry it already has, if
+        any."""
         e = cq.entry(f.queue_offset) if f.queue_offset < cq.next_offset else None
-        if e is not None and (e[1] == BLANK_ENTRY_SIZE or (e[0], e[1]) == (phys, f.size)):
+        if e is not None and (e[1] == BLANK_ENTRY_SIZE or (e[0], e[1]) == (phys, f.size)
+                              or not self._holds_place(e, cq, f.queue_offset)):
             return True
         log.warning(
             "dispatch_skipped", reason="queue offset out of sequence", topic=f.topic,
@@ -363,6 +372,20 @@ class MmapMessageLog(MessageLog):
             physical_offset=phys,
         )
         return False
+
+    def _holds_place(self, entry: tuple[int, int, int], cq: ConsumeQueue, queue_offset: int
+                     ) -> bool:
+        """Whether ``entry`` points at a whole record of the log that is the one at
+        ``queue_offset`` of ``cq``."""
+        phys, size, _ = entry
+        view = self.lookup(phys)
+        if view is None or len(view) != size:
+            return False
+        try:
+            g = rec.read_fields(view, 0, check_crc=False)
+        except rec.RecordError:
+            return False
+        return (g.topic, g.queue_id, g.queue_offset) == (cq.topic, cq.queue_id, queue_offset)
 
     def _cut(self, end: int) -> int:
         """Truncate the log and every projection at ``end``; returns the bytes dropped."""
