@@ -8,7 +8,12 @@ writes, maps or syncs a file, and every acknowledgement the child writes; then
 the file holding the acknowledged data, its size, its directory entry and every directory
 created above it had been synced by then.  The child creates the store from nothing, so every
 file and directory of it is new to the run: new CommitLog segments, ConsumeQueue and index
-directories, the abort marker, the metadata database.
+directories, the abort marker, the metadata database.  After its last message the child
+flushes and acknowledges every file of the mmap store (a flush promises the projections too),
+and the test checks that none the store kept was left out.
+
+The tests of the checker itself, including an excerpt of a trace recorded before new files got
+their directories synced, are in test_sync_trace.py.
 
 Skipped, with the reason, where strace is not installed or may not trace (a container without
 ptrace).
@@ -29,6 +34,7 @@ from tests.processes import REPO_ROOT, python_env
 
 MESSAGES = 200  # ~6 CommitLog segments, 4 ConsumeQueue files a queue, 2 index files (mmap)
 RUN_TIMEOUT_S = 120.0
+STRING_BYTES = 256  # strace prints this much of a written buffer: a whole ACK line, not pages
 
 
 def _strace() -> str:
@@ -48,7 +54,7 @@ def test_every_sync_acknowledgement_survives_a_power_cut(tmp_path: Path, backend
     root = tmp_path.resolve() / "store"  # as strace prints it
     trace = tmp_path / "trace"
     proc = subprocess.run(
-        [strace, "-f", "-y", "-qq", "-s", "4096", "-o", str(trace),
+        [strace, "-f", "-y", "-qq", "-s", str(STRING_BYTES), "-o", str(trace),
          "-e", "trace=" + ",".join(SYSCALLS),
          sys.executable, "-m", "tests.backends.power_child", backend, str(root), str(MESSAGES)],
         cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True,
