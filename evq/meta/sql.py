@@ -21,6 +21,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import structlog
 
+from evq import durable_fs
 from evq.domain.metadata import Change, MetadataStore, Table, Watermark
 
 log = structlog.get_logger(__name__)
@@ -73,10 +74,19 @@ class SqlMetadataStore(MetadataStore):
 
     @classmethod
     def in_dir(cls, data_dir: str | os.PathLike[str]) -> SqlMetadataStore:
-        """The default: ``<data dir>/meta.sqlite``."""
+        """The default: ``<data dir>/meta.sqlite``.
+
+        SQLite syncs the file and, when it creates a journal, the directory; the database
+        file's own entry, and the directories above it, are made durable here, once."""
         path = Path(data_dir) / "meta.sqlite"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return cls(f"sqlite:///{path}")
+        durable_fs.make_dirs(path.parent)
+        store = cls(f"sqlite:///{path}")
+        try:
+            durable_fs.sync_path(path.parent)
+        except BaseException:
+            store.close()
+            raise
+        return store
 
     def load(self) -> tuple[list[Change], Watermark]:
         rows: list[Change] = []

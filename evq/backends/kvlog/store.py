@@ -21,7 +21,9 @@ again from its log end.
 Durability: a write survives a process crash when it returns; :meth:`wait_durable` under
 SYNC_FLUSH waits for the flusher's next ``sync`` (fsync), which serves every waiter at once
 (group commit), and ASYNC_FLUSH syncs periodically (the mmap backend's
-:class:`~evq.backends.mmapfile.flush.Flusher` drives both).
+:class:`~evq.backends.mmapfile.flush.Flusher` drives both).  So that a power cut keeps what
+was synced, the store directory, the driver's directory and the abort marker are created
+through :mod:`evq.durable_fs` (their directory entries synced).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 import attrs
 import structlog
 
+from evq import durable_fs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.kvlog import layout as lay
@@ -139,7 +142,7 @@ class KeyedMessageLog(MessageLog):
         started = time.monotonic()
         abnormal = False
         if factory.persistent:
-            self.root.mkdir(parents=True, exist_ok=True)
+            durable_fs.make_dirs(self.root)
             self._lock(self.root)
             abnormal = (self.root / "abort").exists()
         self._driver = driver = factory.open(self.root)
@@ -149,7 +152,7 @@ class KeyedMessageLog(MessageLog):
             cut_bytes=0, queues=len(self._queues), seconds=round(time.monotonic() - started, 3),
         )
         if driver.persistent:
-            (self.root / "abort").touch()
+            durable_fs.touch(self.root / "abort")
         self._flusher = Flusher(
             self.config, written=lambda: self._end, flush_log=self._flush_log,
             flush_projections=lambda: None, durable=self._end,

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import lmdb
 
+from evq import durable_fs
 from evq.backends.kvlog.driver import Batch, Driver, Reader, Row, translated
 from evq.backends.kvlog.layout import Table
 
@@ -102,11 +103,21 @@ class LmdbDriver(Driver):
 
     @classmethod
     def open(cls, root: Path) -> LmdbDriver:
+        """LMDB syncs its data file (``mdb_env_sync``) but never the directory naming it: a
+        power cut could keep every synced page of a new environment and lose ``data.mdb``
+        itself.  So the directory is created durably and synced once the files are in it."""
+        directory = root / "lmdb"
+        durable_fs.make_dirs(directory)
         with _lmdb_errors():
             env = lmdb.open(
-                str(root / "lmdb"), map_size=MAP_SIZE, max_dbs=len(Table), subdir=True,
+                str(directory), map_size=MAP_SIZE, max_dbs=len(Table), subdir=True,
                 sync=False, metasync=False, max_readers=MAX_READERS,
             )
+        try:
+            durable_fs.sync_path(directory)
+        except BaseException:
+            env.close()
+            raise
         return cls(env)
 
     @contextlib.contextmanager

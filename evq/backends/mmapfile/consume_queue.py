@@ -18,6 +18,7 @@ import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from evq import durable_fs
 from evq.backends.mmapfile.mapped_file import MappedFile, MappedFileQueue
 from evq.backends.rules import BLANK_ENTRY_SIZE
 from evq.backends.time_samples import TimeSamples
@@ -29,11 +30,18 @@ _BLANK = ENTRY.pack(0, BLANK_ENTRY_SIZE, 0)
 
 
 class ConsumeQueue:
-    def __init__(self, topic: str, queue_id: int, directory: Path, entries_per_segment: int):
+    def __init__(
+        self, topic: str, queue_id: int, directory: Path, entries_per_segment: int,
+        pending: durable_fs.PendingSyncs | None = None,
+    ):
+        """``pending``: where new files and directories wait to be made durable.  A queue's
+        files are created on the append path, under the put lock, where a directory fsync
+        would hold every writer up; the projection flush syncs them before its checkpoint
+        says the queues are on disk."""
         self.topic = topic
         self.queue_id = queue_id
         self.files = MappedFileQueue(directory, entries_per_segment * ENTRY_SIZE,
-                                     random_access=True)
+                                     random_access=True, pending=pending)
         self.min_offset = 0
         self._last: MappedFile | None = None
         self._times = TimeSamples()

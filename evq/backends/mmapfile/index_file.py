@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from evq import durable_fs
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, prefault
 from evq.domain.hashing import index_key_hash
 
@@ -294,7 +295,7 @@ class IndexService:
 
     def _free_path(self, ms: int) -> Path:
         """A file name after every existing one (names are creation times)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durable_fs.make_dirs(self.directory)
         while (self.directory / index_file_name(ms)).exists():
             ms += 1
         return self.directory / index_file_name(ms)

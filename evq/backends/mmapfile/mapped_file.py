@@ -30,6 +30,7 @@ from pathlib import Path
 
 import structlog
 
+from evq import durable_fs
 from evq.domain.log import LogError
 
 log = structlog.get_logger(__name__)
@@ -96,16 +97,19 @@ class MappedFile:
 
     __slots__ = ("end", "fd", "flushed", "mm", "path", "size", "start", "wrote")
 
-    def __init__(self, path: Path, start: int, size: int, *, create: bool):
+    def __init__(
+        self, path: Path, start: int, size: int, *, create: bool,
+        pending: durable_fs.PendingSyncs | None = None,
+    ):
+        """A file created here (or resized) is durable, size and directory entry, before
+        this returns, or once ``pending`` is synced: see :mod:`evq.durable_fs`.  msync makes
+        the data durable; that alone would lose a new segment in a power cut."""
         self.path = path
         self.start = start
         self.size = size
         self.end = start + size  # an attribute, not a property: the append path reads it
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        self.fd = os.open(path, flags, 0o644)
+        self.fd = durable_fs.open_sized(path, size, create=create, pending=pending)
         try:
-            if os.fstat(self.fd).st_size != size:
-                os.ftruncate(self.fd, size)
             self.mm = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
         except BaseException:
             os.close(self.fd)
@@ -175,7 +179,9 @@ class MappedFile:
 class Allocator:
     """Creates segments and faults their pages in from a background thread, off the append path.
 
-    :meth:`take` returns the pre-built segment for a path if there is one, else builds it cold;
+    A segment it builds is durable (size and directory entry) before :meth:`take` hands it
+    out, so a sync acknowledgement of a record in it waits for msync alone.  :meth:`take`
+    returns the pre-built segment for a path if there is one, else builds it cold;
     either way it asks for the segment after it.  A built segment has its first chunk faulted
     in; the writer asks for each next chunk as it goes (:meth:`warm_ahead`), so steady-state
     appends never wait for a file to be created or a page to be faulted in.
@@ -302,12 +308,16 @@ class MappedFileQueue:
         allocator: Allocator | None = None,
         *,
         random_access: bool = False,
+        pending: durable_fs.PendingSyncs | None = None,
     ):
-        """``random_access``: see :meth:`MappedFile.advise_random`."""
+        """``random_access``: see :meth:`MappedFile.advise_random`.  ``pending``: segments
+        and directories created without an allocator are made durable when it is synced
+        instead of at once (see :mod:`evq.durable_fs`)."""
         self.directory = directory
         self.segment_size = segment_size
         self.allocator = allocator
         self.random_access = random_access
+        self.pending = pending
         self.files: list[MappedFile] = []
         self.lock = threading.RLock()
 
@@ -352,12 +362,12 @@ class MappedFileQueue:
     def new_segment(self, start: int) -> MappedFile:
         """Append the segment beginning at ``start`` (the end of the last one, or any offset
         aligned to the segment size for an empty queue)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durable_fs.make_dirs(self.directory, self.pending)
         path = self.directory / segment_name(start)
         if self.allocator is not None:
             mf = self.allocator.take(path, start, self.segment_size)
         else:
-            mf = MappedFile(path, start, self.segment_size, create=True)
+            mf = MappedFile(path, start, self.segment_size, create=True, pending=self.pending)
         self._advised(mf)
         with self.lock:
             self.files.append(mf)

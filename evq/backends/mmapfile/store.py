@@ -13,6 +13,12 @@ Appends copy each producer-encoded record into the current segment, patch the fo
 fields in place and dispatch the ConsumeQueue and index entries from the facts the caller
 already knows (no parsing), all under the put lock.  Recovery and replication dispatch from
 the bytes instead (:meth:`MmapMessageLog._scan`); both paths produce the same projections.
+
+Power loss: every file and directory here but the lock is created through
+:mod:`evq.durable_fs`, so a CommitLog segment's size and directory entry are on disk before a
+record goes into it (the allocator builds the next one ahead), and a sync acknowledgement
+waits for msync alone.  ConsumeQueue files, created on the append path, are made durable by
+the projection flush before it writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 
 import structlog
 
+from evq import durable_fs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
@@ -121,6 +128,7 @@ class MmapMessageLog(MessageLog):
         self._last_store_ts = 0
         self._subscribers = DispatchSubscribers()
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._new_projection_files = durable_fs.PendingSyncs()
         self._dispatched = 0  # log offset up to which projections are applied
         self._lock_fd = -1
         self._allocator = Allocator(warm=config.warm_segments,
@@ -161,7 +169,7 @@ class MmapMessageLog(MessageLog):
 
     def _open(self, background: bool) -> None:
         root = self.root
-        root.mkdir(parents=True, exist_ok=True)
+        durable_fs.make_dirs(root)
         self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -179,8 +187,7 @@ class MmapMessageLog(MessageLog):
             "store_recovered", path=str(root), abnormal=abnormal, log_end=end, cut_bytes=cut,
             queues=len(self._cqs), seconds=round(time.monotonic() - started, 3),
         )
-        abort.touch()
-        _fsync_dir(root)
+        durable_fs.touch(abort)
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
@@ -212,7 +219,7 @@ class MmapMessageLog(MessageLog):
         cq = ConsumeQueue(
             topic, queue_id,
             self.root / "consumequeue" / _queue_dir_name(topic) / str(queue_id),
-            self.config.consume_queue_entries,
+            self.config.consume_queue_entries, self._new_projection_files,
         )
         cq.next_offset = 0
         self._cqs[(topic, queue_id)] = cq
@@ -223,7 +230,8 @@ class MmapMessageLog(MessageLog):
 
         Normal shutdown: CRC-check the last three segments.  Crash: re-check from the last
         segment whose first record predates the checkpoint.  Either way projections are
-        re-dispatched from where the consume queues stop covering the log.
+        re-dispatched from where the consume queues stop covering the log; after a crash, from
+        no later than the checkpoint's log offset either.
         """
         files = self._log.files
         if not files:
@@ -249,8 +257,14 @@ class MmapMessageLog(MessageLog):
         # so after a crash it may lag them; re-dispatch from wherever either projection stops
         # (not earlier than the checkpoint's segment: a record without keys leaves the index
         # end behind without anything missing), rather than re-dispatching whole segments.
+        # After a power cut the projection files are not even of one moment: the kernel wrote
+        # some pages back and not others, so one queue may reach further than another, or
+        # than the index.  Everything below the checkpoint's offset was flushed before it was
+        # written, so re-dispatch starts there at the latest.
         index_covered = max(self._index.end_phys, files[start_i].start)
-        dispatch_from = min(covered, index_covered) if abnormal else covered
+        assert self._checkpoint is not None
+        flushed = max(self._checkpoint.physic_offset, files[0].start)
+        dispatch_from = min(covered, index_covered, flushed) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
             mf.wrote = mf.flushed = mf.size
@@ -340,15 +354,17 @@ class MmapMessageLog(MessageLog):
         return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
                           f.store_timestamp, f.sysflag)
 
-    @staticmethod
-    def _redispatch_ok(cq: ConsumeQueue, f: rec.Fields, phys: int) -> bool:
+    def _redispatch_ok(self, cq: ConsumeQueue, f: rec.Fields, phys: int) -> bool:
         """May a record whose queue offset is not its queue's next one go into the queue?
-        Only as the same entry again (a re-dispatch) or over a blank.  No CRC covers
-        QUEUEOFFSET or QUEUEID: a damaged one must neither overwrite another record's entry
-        nor blank-fill the queue up to a far offset (any number of files); the record keeps
-        the entry it already has, if any."""
+        Only as the same entry again (a re-dispatch), over a blank, or over an entry that
+        names no record holding that place (what a power cut leaves of an entry it never
+        wrote back, or tore at a page boundary).  No CRC covers QUEUEOFFSET or QUEUEID: a
+        damaged one must neither overwrite another record's entry nor blank-fill the queue up
+        to a far offset (any number of files); the record keeps the entry it already has, if
+        any."""
         e = cq.entry(f.queue_offset) if f.queue_offset < cq.next_offset else None
-        if e is not None and (e[1] == BLANK_ENTRY_SIZE or (e[0], e[1]) == (phys, f.size)):
+        if e is not None and (e[1] == BLANK_ENTRY_SIZE or (e[0], e[1]) == (phys, f.size)
+                              or not self._holds_place(e, cq, f.queue_offset)):
             return True
         log.warning(
             "dispatch_skipped", reason="queue offset out of sequence", topic=f.topic,
@@ -356,6 +372,20 @@ class MmapMessageLog(MessageLog):
             physical_offset=phys,
         )
         return False
+
+    def _holds_place(self, entry: tuple[int, int, int], cq: ConsumeQueue, queue_offset: int
+                     ) -> bool:
+        """Whether ``entry`` points at a whole record of the log that is the one at
+        ``queue_offset`` of ``cq``."""
+        phys, size, _ = entry
+        view = self.lookup(phys)
+        if view is None or len(view) != size:
+            return False
+        try:
+            g = rec.read_fields(view, 0, check_crc=False)
+        except rec.RecordError:
+            return False
+        return (g.topic, g.queue_id, g.queue_offset) == (cq.topic, cq.queue_id, queue_offset)
 
     def _cut(self, end: int) -> int:
         """Truncate the log and every projection at ``end``; returns the bytes dropped."""
@@ -484,6 +514,7 @@ class MmapMessageLog(MessageLog):
         for cq in cqs:
             cq.flush()
         self._index.flush()
+        self._new_projection_files.sync()
         cp = self._checkpoint
         if cp is not None:
             cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
@@ -751,11 +782,3 @@ class MmapMessageLog(MessageLog):
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # closing drops the flock
             self._lock_fd = -1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import rocksdict
 
+from evq import durable_fs
 from evq.backends.kvlog.driver import Batch, Driver, DriverError, Reader, Row
 from evq.backends.kvlog.layout import Table
 
@@ -143,10 +144,15 @@ class RocksDriver(Driver):
 
     @classmethod
     def open(cls, root: Path) -> RocksDriver:
+        """RocksDB syncs the directory of each file it creates in its own directory (the
+        write-ahead log's on the first synced write), but not the entry of that directory in
+        the store: evq creates it, durably."""
+        directory = root / "rocks"
+        durable_fs.make_dirs(directory)
         cache = rocksdict.Cache(BLOCK_CACHE_BYTES)
         with _rocks_errors():
             db = rocksdict.Rdict(
-                str(root / "rocks"), options=_options(cache),
+                str(directory), options=_options(cache),
                 column_families={t.label: _options(cache) for t in Table},
             )
         return cls(db)
