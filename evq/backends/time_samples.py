@@ -67,7 +67,15 @@ class TimeSamples:
         # sample k was read makes the search end on it, and one read tells.
         bracketed = k > 0 and below >= lo
         if t_above is None or above < lo:
-            return first_at_or_after(below + 1 if bracketed else lo, hi, timestamp_ms, store_time)
+            if not bracketed:
+                return first_at_or_after(lo, hi, timestamp_ms, store_time)
+            # Past the last sample: the queue's last record closes the bracket instead, so a
+            # lookup in the unsampled tail interpolates as it does between two samples.
+            last = hi - 1
+            t_last = store_time(last)
+            if t_last < timestamp_ms:
+                return hi
+            return first_between(below, t_below, last, t_last, timestamp_ms, store_time)
         if bracketed:
             found = first_between(below, t_below, above, t_above, timestamp_ms, store_time)
         else:
