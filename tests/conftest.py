@@ -33,6 +33,14 @@ settings.load_profile(
     os.environ.get("EVQ_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
 )
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("evq chaos suite (tests/chaos)")
+    group.addoption("--chaos-long", action="store_true",
+                    help="run the chaos suite long: 200 kill rounds and more hostile cases")
+    group.addoption("--chaos-report", metavar="PATH", default=None,
+                    help="append the chaos suite's figures (JSON lines) to PATH")
+
 # Small segments so that tests cross segment boundaries with a few hundred messages.
 SMALL = StoreConfig(
     commitlog_segment_size=64 * 1024,

@@ -6,6 +6,10 @@ load it into the pytest process: they run this module and read one JSON object p
     python -m tests.compat.stock_client produce NAMESRV TOPIC MODE COUNT
     python -m tests.compat.stock_client consume NAMESRV TOPIC GROUP MODEL ORDERLY FAIL SECONDS
     python -m tests.compat.stock_client pull NAMESRV TOPIC GROUP
+    python -m tests.compat.stock_client produce-forever NAMESRV TOPIC TAG
+
+``produce-forever`` sends until it is killed, through broker crashes: every answer and every
+failure is one line, so a chaos test can tell exactly what was acknowledged.
 """
 
 from __future__ import annotations
@@ -124,6 +128,30 @@ def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
         producer.shutdown()
 
 
+def produce_forever(namesrv: str, topic: str, tag: str) -> None:
+    """Synchronous sends of ``TAG-i`` (as the ``seq`` property and the body) until killed; a
+    failed send is reported and the next one follows (as an application that logs and goes
+    on would), so a broker down for a while costs sends, not the producer."""
+    producer = Producer(f"PG-{tag}", timeout=3000)
+    producer.set_namesrv_addr(namesrv)
+    producer.start()
+    i = 0
+    while True:
+        seq = f"{tag}-{i}"
+        m = Message(topic)
+        m.set_keys(seq)
+        m.set_property("seq", seq)
+        m.set_body(seq.encode())
+        try:
+            r = producer.send_sync(m)
+        except Exception as exc:  # the wrapper raises its own untyped exception classes
+            emit({"seq": seq, "status": "EXCEPTION", "error": str(exc)[:200]})
+            time.sleep(0.05)
+        else:
+            emit({"seq": seq, "status": r.status.name, "msg_id": r.msg_id, "offset": r.offset})
+        i += 1
+
+
 def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fail: bool,
             seconds: float) -> None:
     consumer = PushConsumer(group, orderly=orderly, message_model=(
@@ -168,6 +196,8 @@ def main(argv: list[str]) -> None:
         consume(namesrv, topic, group, model, orderly == "1", fail == "1", float(seconds))
     elif action == "pull":
         pull(namesrv, topic, rest[0])
+    elif action == "produce-forever":
+        produce_forever(namesrv, topic, rest[0])
     else:
         raise SystemExit(f"unknown action {action!r}")
     emit({"done": True})

@@ -17,7 +17,7 @@ from evq.backends.config import StoreConfig
 from evq.backends.registry import open_log
 from evq.client.producer import Producer, SendStatus
 from evq.domain.log import GetStatus, MessageLog
-from evq.domain.message import Prop, new_message
+from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import decode
 from evq.ha.log_window import LogWindow
 from evq.net import fastjson
@@ -195,25 +195,38 @@ class StoreContents:
 
 
 def read_store(path: Path, topic: str) -> StoreContents:
+    with opened_store(path) as log:
+        queues = {key: [m.properties[Prop.UNIQ_KEY] for m in messages]
+                  for key, messages in queue_messages(log, topic).items()}
+        raw = LogWindow(log).read(log.min_physical_offset, log.max_physical_offset)
+        return StoreContents(queues, raw)
+
+
+@contextlib.contextmanager
+def opened_store(path: Path) -> Iterator[MessageLog]:
+    """A stopped (or killed) broker's mmap store, recovered, as the group's brokers write it."""
     config = StoreConfig(commitlog_segment_size=16 * 1024 * 1024, warm_segments=False)
     log: MessageLog = open_log("mmap", path, config, background=False)
     try:
-        queues: dict[tuple[str, int], list[str]] = {}
-        for (t, q), hi in log.queues().items():
-            if t != topic:
-                continue
-            keys = queues.setdefault((t, q), [])
-            offset = 0
-            while offset < hi:
-                r = log.read(t, q, offset, max_count=256, max_bytes=8 << 20)
-                assert r.status is GetStatus.FOUND, (t, q, offset, r.status)
-                keys += [decode(v, check_crc=False).properties[Prop.UNIQ_KEY]
-                         for v in r.records]
-                offset = r.next_offset
-        raw = LogWindow(log).read(log.min_physical_offset, log.max_physical_offset)
-        return StoreContents(queues, raw)
+        yield log
     finally:
         log.close()
+
+
+def queue_messages(log: MessageLog, topic: str) -> dict[tuple[str, int], list[Message]]:
+    """Every message of ``topic`` by queue, in queue order from offset 0."""
+    queues: dict[tuple[str, int], list[Message]] = {}
+    for (t, q), hi in log.queues().items():
+        if t != topic:
+            continue
+        messages = queues.setdefault((t, q), [])
+        offset = 0
+        while offset < hi:
+            r = log.read(t, q, offset, max_count=256, max_bytes=8 << 20)
+            assert r.status is GetStatus.FOUND, (t, q, offset, r.status)
+            messages += [decode(v, check_crc=False) for v in r.records]
+            offset = r.next_offset
+    return queues
 
 
 async def produce_numbered(namesrv: str, topic: str, prefix: str, n: int, *,

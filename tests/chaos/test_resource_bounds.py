@@ -1,0 +1,204 @@
+"""Hostile and careless clients against a real ``evq broker`` process: what they cost it.
+
+Memory is read from the broker's ``/proc/PID/status`` (VmRSS, sampled while the abuse runs),
+so the bounds are the process's own, not a model's: a compression bomb, connections that
+pipeline pulls of a 4 MiB message and never read, and a consumer that reads slowly.  Every
+case ends with the broker alive, still serving a well-behaved client, and the messages it
+acknowledged before the abuse reading back byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evq.domain import sysflag as sf
+from evq.domain.codes import ResponseCode
+from evq.domain.record import iter_records
+from evq.net.codes import RequestCode
+from evq.net.protocol import FrameDecoder, RemotingCommand
+from evq.net.transport import RemotingClient, run
+from tests.chaos.conftest import Report
+from tests.processes import Running, port_of, running_evq
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
+                                reason="reads process memory from /proc")
+
+HOST = "127.0.0.1"
+TIMEOUT = 30.0
+MIB = 1024 * 1024
+TOPIC = "Abused"
+KEPT = 8
+RSS_BOUND = 256 * MIB  # growth allowed over the baseline; each abuse once took 1.7-2.1 GiB
+WATCH_S = 3.0
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+@contextlib.contextmanager
+def running_broker_alone(data: Path) -> Iterator[Running]:
+    with running_evq("--log-level", "warning", "broker", "--port", "0", "--data", str(data),
+                     servers=1) as broker:
+        yield broker
+        assert broker.stop() == 0
+
+
+def send_fields(**extra: object) -> dict[str, object]:
+    return {"producerGroup": "PG", "topic": TOPIC, "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0,
+            "bornTimestamp": 1_700_000_000_000, "flag": 0, "properties": "",
+            "reconsumeTimes": 0, **extra}
+
+
+def pull_fields(offset: int, count: int = 32) -> dict[str, object]:
+    return {"consumerGroup": "G", "topic": TOPIC, "queueId": 0, "queueOffset": offset,
+            "maxMsgNums": count, "sysFlag": 4, "commitOffset": 0, "subscription": "*",
+            "subVersion": 0}
+
+
+async def call(client: RemotingClient, code: int, fields: dict[str, object],
+               body: bytes = b"") -> RemotingCommand:
+    return await client.invoke(RemotingCommand.request(code, fields, body), TIMEOUT)
+
+
+async def store_kept(client: RemotingClient, big: int = 0) -> list[bytes]:
+    """KEPT messages (the first ``big`` bytes long when asked), acknowledged."""
+    bodies = [bytes([i]) * (big or 100 + i) for i in range(KEPT)]
+    for body in bodies:
+        r = await call(client, RequestCode.SEND_MESSAGE, send_fields(), body)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+    return bodies
+
+
+async def read_back(client: RemotingClient, bodies: list[bytes]) -> None:
+    got: list[bytes] = []
+    while len(got) < len(bodies):
+        r = await call(client, RequestCode.PULL_MESSAGE, pull_fields(len(got), 1))
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        got += [m.body for m in iter_records(r.body)]
+    assert got == bodies
+
+
+async def watch_rss(pid: int, baseline: int, seconds: float) -> int:
+    """Sample the broker's memory for ``seconds`` while the abuse runs; the peak growth, which
+    must stay under the bound at every sample."""
+    peak = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, rss(pid) - baseline)
+        assert peak < RSS_BOUND, f"the broker grew by {peak / MIB:.0f} MiB"
+        await asyncio.sleep(0.02)
+    return peak
+
+
+def bomb(inflated: int) -> bytes:
+    deflater = zlib.compressobj(9)
+    chunk = bytes(MIB)
+    return b"".join(deflater.compress(chunk) for _ in range(inflated // MIB)) + deflater.flush()
+
+
+def test_compression_bombs_are_refused_for_the_cost_of_the_limit(tmp_path: Path,
+                                                                 report: Report) -> None:
+    payload = bomb(1024 * MIB)  # a 1 MiB request that asks for 1 GiB
+
+    async def scenario(broker: Running) -> None:
+        pid, port = broker.proc.pid, port_of(broker.addresses["broker"])
+        async with RemotingClient(HOST, port) as client:
+            kept = await store_kept(client)
+            baseline = rss(pid)
+
+            async def one_bomb() -> RemotingCommand:
+                async with RemotingClient(HOST, port) as c:
+                    return await call(c, RequestCode.SEND_BATCH_MESSAGE,
+                                      send_fields(sysFlag=sf.COMPRESSED, batch="true"), payload)
+
+            bombs = asyncio.gather(*(one_bomb() for _ in range(4)))
+            peak = await watch_rss(pid, baseline, WATCH_S)
+            answers = await bombs
+            assert [a.code for a in answers] == [ResponseCode.MESSAGE_ILLEGAL] * 4
+            assert all("inflates past" in (a.remark or "") for a in answers)
+            info = await call(client, RequestCode.GET_BROKER_RUNTIME_INFO, {})
+            stall = float(json.loads(info.body)["table"]["evqLoopStallMaxMs"])
+            await read_back(client, kept)
+            report(bombs=4, request_bytes=len(payload), asked_bytes=1024 * MIB,
+                   rss_growth_mib=round(peak / MIB, 1), loop_stall_max_ms=stall)
+
+    with running_broker_alone(tmp_path / "data") as broker:
+        run(scenario(broker))
+
+
+async def pipeline_pulls(port: int, count: int) -> tuple[asyncio.StreamReader,
+                                                          asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(b"".join(RemotingCommand(code=RequestCode.PULL_MESSAGE, opaque=i,
+                                          ext_fields=pull_fields(0, 1)).encode()
+                          for i in range(1, count + 1)))
+    await writer.drain()
+    return reader, writer
+
+
+def test_connections_that_never_read_cost_a_bounded_amount(tmp_path: Path,
+                                                           report: Report) -> None:
+    """1,024 pipelined pulls of a 4 MiB message on each of two connections that read
+    nothing: once 1.7 GiB (3.3 GiB with two)."""
+
+    async def scenario(broker: Running) -> None:
+        pid, port = broker.proc.pid, port_of(broker.addresses["broker"])
+        async with RemotingClient(HOST, port) as client:
+            kept = await store_kept(client, big=4 * MIB - 1024)
+            baseline = rss(pid)
+            peers = [await pipeline_pulls(port, 1024) for _ in range(2)]
+            peak = await watch_rss(pid, baseline, WATCH_S)
+            r = await call(client, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": 0})
+            assert r.code == ResponseCode.SUCCESS  # others are served meanwhile
+            await read_back(client, kept)
+            for _reader, writer in peers:
+                writer.close()
+            report(connections=2, pipelined_pulls=1024, answer_mib=4,
+                   rss_growth_mib=round(peak / MIB, 1))
+        async with RemotingClient(HOST, port) as client:
+            await read_back(client, kept)
+
+    with running_broker_alone(tmp_path / "data") as broker:
+        run(scenario(broker))
+
+
+def test_a_slow_reader_gets_every_answer_in_full(tmp_path: Path) -> None:
+    pulls, size = 16, MIB
+
+    async def scenario(broker: Running) -> None:
+        port = port_of(broker.addresses["broker"])
+        async with RemotingClient(HOST, port) as client:
+            kept = await store_kept(client, big=size)
+        reader, writer = await pipeline_pulls(port, pulls)
+        decoder = FrameDecoder()
+        answers: list[RemotingCommand] = []
+        try:
+            while len(answers) < pulls:
+                data = await asyncio.wait_for(reader.read(64 * 1024), TIMEOUT)
+                assert data, "closed before every answer came"
+                decoder.feed(data)
+                while (cmd := decoder.next_command()) is not None:
+                    answers.append(cmd)
+                await asyncio.sleep(0.005)  # a consumer slower than the broker
+        finally:
+            writer.close()
+        assert sorted(a.opaque for a in answers) == list(range(1, pulls + 1))
+        assert all([m.body for m in iter_records(a.body)] == kept[:1] for a in answers)
+
+    with running_broker_alone(tmp_path / "data") as broker:
+        run(scenario(broker))
+
+
