@@ -21,7 +21,7 @@ from evq.client.errors import RouteNotFound
 from evq.client.producer import Producer, SendResult
 from evq.client.routes import Routes
 from evq.domain.message import Message, new_message
-from evq.net.transport import run
+from evq.net.transport import run, run_until_signal
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -117,9 +117,10 @@ def message_json(m: Message) -> dict[str, object]:
 
 def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
     """Print what arrives, one line (or one JSON object) per message; stop after ``count``
-    messages or ``idle_timeout`` seconds without one."""
+    messages, ``idle_timeout`` seconds without one, or at SIGTERM or SIGINT, committing the
+    offsets of what was printed on the way out whichever way it stops."""
 
-    async def main() -> int:
+    async def main(stop: asyncio.Event) -> int:
         await check_namesrv(opts.namesrv, opts.topic)
         seen = 0
         done = asyncio.Event()
@@ -156,7 +157,8 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
                     return
 
         async with consumer:
-            await first_of(idle(), consumer.wait())  # a consumer that failed raises here
+            # a consumer that failed raises here
+            await first_of(idle(), consumer.wait(), stop.wait())
         return 0
 
-    return run(main())
+    return run_until_signal(main)
