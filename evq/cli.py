@@ -583,7 +583,9 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("consume", help="print what a topic receives",
                             description="Consume a topic as a member of GROUP and print each "
-                                        "message's body (or a JSON object with --json).")
+                                        "message's body (or a JSON object with --json). Runs "
+                                        "until --count, --idle-timeout, SIGTERM or SIGINT, "
+                                        "and commits its offsets however it stops.")
     p.add_argument("-n", "--namesrv", required=True, metavar="H:P;H:P")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-g", "--group", required=True)

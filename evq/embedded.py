@@ -35,7 +35,7 @@ from evq.domain.delay import DelayLevels
 from evq.domain.filters import parse_subscription
 from evq.domain.hashing import java_hash
 from evq.domain.ids import new_uniq_key
-from evq.domain.log import Dispatched
+from evq.domain.log import Dispatched, StoreUnavailable
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.metadata import MetadataStore
 from evq.domain.record import parse_offset_msg_id
@@ -97,7 +97,9 @@ class Broker:
 
         ``metadata`` is a SQLAlchemy URL or a store; by default a SQLite file under
         ``path/config``.  With ``background=False`` nothing runs on its own: call
-        :meth:`tick` (tests with a ManualClock do).
+        :meth:`tick` (tests with a ManualClock do).  Raises
+        :class:`~evq.domain.log.StoreUnavailable` when ``path`` cannot be opened (a file in
+        the way, no permission, a read-only file system).
         """
         root = Path(path)
         config = broker_config or BrokerConfig()
@@ -105,11 +107,17 @@ class Broker:
         if broker_config is not None and store_config is None:
             store = attrs.evolve(store, store_host=config.store_host)
         levels = DelayLevels.parse(config.message_delay_level)
-        message_log = open_log(backend, root, store, clock=clock,
-                               tags_code_fn=tags_code_fn(levels), background=background)
+        try:
+            message_log = open_log(backend, root, store, clock=clock,
+                                   tags_code_fn=tags_code_fn(levels), background=background)
+        except OSError as exc:
+            raise StoreUnavailable(root, exc) from exc
         try:
             if metadata is None:
-                meta: MetadataStore = SqlMetadataStore.in_dir(root / "config")
+                try:
+                    meta: MetadataStore = SqlMetadataStore.in_dir(root / "config")
+                except OSError as exc:
+                    raise StoreUnavailable(root / "config", exc) from exc
             elif isinstance(metadata, str):
                 meta = SqlMetadataStore(metadata)
             else:

@@ -8,6 +8,8 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
+
 from evq.domain.codes import ResponseCode
 from evq.net.codes import RequestCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
@@ -86,6 +88,21 @@ def test_broker_refuses_a_data_dir_another_broker_holds(tmp_path: Path) -> None:
         assert (data / "abort").exists()  # the running broker's marker is left alone
         send_one(first.addresses["broker"], "T")  # and it still serves
         assert first.stop() == 0
+
+
+@pytest.mark.parametrize("backend", ["mmap", "lmdb", "rocks"])
+def test_broker_says_it_cannot_open_its_store_rather_than_its_port(tmp_path: Path,
+                                                                   backend: str) -> None:
+    # A data dir under a regular file fails to open even for root (chmod would not).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    data = blocker / "data"
+    refused = run_evq(*QUIET, "broker", "--port", "0", "--backend", backend,
+                      "--data", str(data))
+    assert refused.returncode == 1
+    assert one_error_line(refused.stderr) == (
+        f"evq: error: cannot open the store at {data}: Not a directory")
+    assert refused.stdout == ""
 
 
 def test_a_slave_without_a_broker_id_is_a_usage_error(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import evq
 from evq.backends.config import StoreConfig
 from evq.domain.clock import ManualClock
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.log import StoreUnavailable
 from evq.domain.message import Prop
 from evq.embedded import Broker
 
@@ -115,3 +117,10 @@ def test_data_survives_reopen_and_errors_are_clear(tmp_path: Path) -> None:
         assert e.value.code is ResponseCode.SYSTEM_ERROR
     with evq.Broker.open(tmp_path, store_config=StoreConfig(warm_segments=False)) as b:
         assert [m.body for m in b.subscribe("g", "t", idle_timeout=0.01)] == [b"kept"]
+
+
+def test_a_store_that_cannot_be_opened_says_where(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    data = tmp_path / "a-file" / "data"
+    with pytest.raises(StoreUnavailable, match=re.escape(f"the store at {data}: Not a dir")):
+        evq.Broker.open(data, background=False)

@@ -211,6 +211,16 @@ class SyncPushConsumer:
     def assigned(self) -> set[MessageQueue]:
         return self._consumer.assigned
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until :meth:`shutdown` (from another thread) or ``timeout`` seconds; raises
+        :class:`~evq.client.errors.BackgroundFailed` once the consumer's background work has
+        failed for good (see :meth:`PushConsumer.wait`)."""
+        waiting = self._thread.submit(self._consumer.wait())
+        try:
+            waiting.result(timeout)
+        except concurrent.futures.TimeoutError:
+            waiting.cancel()
+
     def shutdown(self) -> None:
         self._thread.run(self._consumer.shutdown())
         self._thread.stop()

@@ -18,29 +18,33 @@ Members agree on who owns which queue through :class:`~evq.client.group.GroupMem
 could not settle.  An offset reset by an administrator reaches the consumer as PULL_OFFSET_MOVED
 on its next pull, or at once as RESET_CONSUMER_CLIENT_OFFSET: the queue's cached messages are
 dropped and pulling starts over from the new offset.
+
+Every loop (heartbeat, rebalance, route refresh, offset persistence, lock renewal, each
+queue's pulls) and every listener call runs under one :class:`~evq.client.supervision.Supervisor`:
+an unexpected failure is logged and the loop restarted, and a loop that keeps failing makes
+:meth:`PushConsumer.wait` raise instead of leaving a consumer that quietly consumes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import structlog
 
 from evq.client.broker_choice import BrokerChoice
-from evq.client.errors import ClientError, NotStarted
+from evq.client.errors import BackgroundFailed, ClientError, NotStarted
 from evq.client.flow_control import HOLD_S, FlowLimits, Holds
 from evq.client.group import (
     ConsumeFrom,
     ConsumeType,
     GroupMember,
     MessageModel,
-    rebalance_forever,
-    run_every,
+    rebalance_rounds,
     settle,
 )
 from evq.client.identity import new_client_id
@@ -55,6 +59,7 @@ from evq.client.orderly import LOCK_RENEW_S, SUSPEND_S, Orderly, OrderlyConsumpt
 from evq.client.process_queue import ProcessQueue
 from evq.client.pulling import LONG_POLL_TIMEOUT_S, SUSPEND_MS, PullStatus, Subscription
 from evq.client.routes import REFRESH_S, BrokerPool, Routes
+from evq.client.supervision import Step, SupervisionPolicy, Supervisor, periodic
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message
@@ -64,7 +69,8 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Dispatcher, TransportError
 
-__all__ = ["ConsumeFrom", "ConsumeResult", "ConsumerOptions", "MessageModel", "PushConsumer"]
+__all__ = ["BackgroundFailed", "ConsumeFrom", "ConsumeResult", "ConsumerOptions", "MessageModel",
+           "PushConsumer"]
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +113,9 @@ class ConsumerOptions:
     suspend_s: float = SUSPEND_S
     """Pause before an orderly queue offers a suspended message again."""
     lock_renew_s: float = LOCK_RENEW_S
+    supervision: SupervisionPolicy = attrs.Factory(SupervisionPolicy)
+    """How often a background loop that fails unexpectedly is retried before the consumer
+    fails (:meth:`PushConsumer.wait` raises)."""
 
 
 def default_offsets_file(client_id: str, group: str) -> Path:
@@ -121,6 +130,7 @@ def default_offsets_file(client_id: str, group: str) -> Path:
 class _Owned:
     pq: ProcessQueue
     task: asyncio.Task[None]
+    """The queue's pull loop."""
 
 
 class PushConsumer:
@@ -141,7 +151,9 @@ class PushConsumer:
         self._clock = clock
         self._subs: dict[str, Subscription] = {}
         self._owned: dict[MessageQueue, _Owned] = {}
-        self._loops: set[asyncio.Task[None]] = set()
+        self._supervisor: Supervisor | None = None
+        """Runs the background loops; kept after shutdown so that :meth:`wait` still says how
+        the last run ended."""
         self._consuming: set[asyncio.Task[None]] = set()
         self._closing = False
         self._rebalance_now = asyncio.Event()
@@ -197,33 +209,39 @@ class PushConsumer:
                                        member.broker_failed)
                          if self.model is MessageModel.CLUSTERING
                          else LocalOffsets(self._offsets_file))
+        self._supervisor = supervisor = Supervisor(f"push consumer {self.group}",
+                                                   o.supervision)
         if isinstance(self._listener, Orderly):
             self._orderly = OrderlyConsumption(
-                member, self._listener, self._offsets, self._clock, suspend_s=o.suspend_s,
-                max_reconsume_times=o.max_reconsume_times)
+                member, self._listener, self._offsets, self._clock, supervisor,
+                suspend_s=o.suspend_s, max_reconsume_times=o.max_reconsume_times)
         self._closing = False
         await self._refresh_routes()
         await member.heartbeat()
         settled = await settle(self.rebalance)
-        loops = [run_every(o.heartbeat_s, self.heartbeat),
-                 run_every(o.persist_s, self.persist),
-                 run_every(o.route_refresh_s, self._refresh_routes),
-                 rebalance_forever(self.rebalance, self._rebalance_now, o.rebalance_s,
-                                   settled=settled)]
+        supervisor.loop("heartbeat", periodic(o.heartbeat_s, self.heartbeat))
+        supervisor.loop("persist offsets", periodic(o.persist_s, self.persist))
+        supervisor.loop("refresh routes", periodic(o.route_refresh_s, self._refresh_routes))
+        supervisor.loop("rebalance", rebalance_rounds(self.rebalance, self._rebalance_now,
+                                                      o.rebalance_s, settled=settled))
         if self._orderly is not None and self._orderly.locking:
-            loops.append(run_every(o.lock_renew_s, self._renew_locks))
-        for loop in loops:
-            self._spawn(self._loops, loop)
+            supervisor.loop("renew locks", periodic(o.lock_renew_s, self._renew_locks))
+
+    async def wait(self) -> None:
+        """Until :meth:`shutdown`.  Raises :class:`BackgroundFailed` as soon as a background
+        loop (heartbeat, rebalance, a queue's pulls ...) has failed so often that it was given
+        up: the consumer then consumes nothing more, and should be shut down."""
+        if self._supervisor is None:
+            raise NotStarted(f"push consumer {self.group!r} is not started")
+        await self._supervisor.wait()
 
     async def shutdown(self) -> None:
         """Stop pulling, let running listeners finish, persist offsets, unlock, leave."""
         if self._routes is None or self._pool is None or self._member is None:
             return
         self._closing = True
-        for task in self._loops:
-            task.cancel()
-        for o in self._owned.values():
-            o.task.cancel()
+        if self._supervisor is not None:
+            await self._supervisor.close()  # every loop, the queues' pull loops included
         if self._consuming:  # listeners already running finish and commit
             await asyncio.wait(self._consuming, timeout=SHUTDOWN_GRACE_S)
         if self._orderly is not None:
@@ -304,7 +322,7 @@ class PushConsumer:
         return True
 
     def _pull(self, queue: MessageQueue, pq: ProcessQueue) -> None:
-        task = asyncio.get_running_loop().create_task(self._pull_loop(queue, pq))
+        task = self._supervised().loop(f"pull {queue}", self._pull_rounds(queue, pq))
         self._owned[queue] = _Owned(pq, task)
 
     async def _release(self, queue: MessageQueue) -> None:
@@ -340,13 +358,19 @@ class PushConsumer:
 
     # -- pulling and consuming ------------------------------------------------------------------
 
-    async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue) -> None:
-        member, offsets = self._started()[2:]
+    def _pull_rounds(self, queue: MessageQueue, pq: ProcessQueue) -> Step:
+        """The step of ``queue``'s pull loop: one pull (or a pause while the queue is held
+        back), until the queue is dropped."""
         sub = self._subs[queue.topic]
         offset = pq.commit_offset()
-        while not pq.dropped:
+
+        async def step() -> bool:
+            nonlocal offset
+            member, offsets = self._started()[2:]
+            if pq.dropped:
+                return False
             if await self._held_back(queue, pq):
-                continue
+                return True
             committed = offsets.get(queue) if self.model is MessageModel.CLUSTERING else None
             try:
                 result = await member.pull(
@@ -356,22 +380,25 @@ class PushConsumer:
             except (ClientError, TransportError) as exc:
                 log.warning("pull failed", queue=queue, error=str(exc))
                 await asyncio.sleep(PULL_ERROR_BACKOFF_S)
-                continue
+                return True
             if pq.dropped:
-                return
+                return False
             offset = result.next_begin_offset
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 log.warning("offset moved", queue=queue, offset=offset)
                 await self._reset(queue, offset)
-                return
+                return False
             pq.put(result.messages, offset)
             if self._orderly is not None:
                 self._orderly.wake(queue, pq)
             else:
                 for m in result.messages:
-                    self._spawn(self._consuming, self._consume(queue, pq, [m]))
+                    self._spawn_consume(queue, pq, [m])
             if pq.count == 0:  # nothing matched and nothing in flight: move past it
                 offsets.update(queue, pq.commit_offset())
+            return True
+
+        return step
 
     async def _held_back(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
         """Wait a little instead of pulling when ``pq`` is over a flow-control limit, or is an
@@ -411,8 +438,7 @@ class PushConsumer:
                 kept = [m for m in msgs if m not in done]
                 if kept:
                     asyncio.get_running_loop().call_later(
-                        RETRY_LOCALLY_S,
-                        lambda: self._spawn(self._consuming, self._consume(queue, pq, kept)))
+                        RETRY_LOCALLY_S, lambda: self._spawn_consume(queue, pq, kept))
             committed = pq.remove(done)
             if not pq.dropped and self._offsets is not None:
                 self._offsets.update(queue, committed)
@@ -442,11 +468,16 @@ class PushConsumer:
             except (ClientError, TransportError) as exc:
                 log.info("no route yet", topic=topic, error=str(exc))
 
-    @staticmethod
-    def _spawn(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def _spawn_consume(self, queue: MessageQueue, pq: ProcessQueue, msgs: list[Message]
+                       ) -> None:
+        task = self._supervised().task(f"consume {queue}", self._consume(queue, pq, msgs))
+        self._consuming.add(task)
+        task.add_done_callback(self._consuming.discard)
+
+    def _supervised(self) -> Supervisor:
+        if self._supervisor is None:
+            raise NotStarted(f"push consumer {self.group!r} is not started")
+        return self._supervisor
 
     def _started(self) -> tuple[Routes, BrokerPool, GroupMember, OffsetStore]:
         if (self._routes is None or self._pool is None or self._member is None

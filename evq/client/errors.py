@@ -32,3 +32,9 @@ class SendFailed(ClientError):
 
 class NotStarted(ClientError):
     """The producer or consumer was used before ``start()`` or after ``shutdown()``."""
+
+
+class BackgroundFailed(ClientError):
+    """A client's background loop (heartbeat, rebalance, pull ...) failed over and over and
+    was given up: the client no longer works and should be shut down.  The last failure is
+    chained (see :mod:`evq.client.supervision`)."""

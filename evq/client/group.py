@@ -14,7 +14,7 @@ A rebalance round can fail to *settle*: the topic has no route yet (a topic auto
 moment ago is known to its broker before the name server hears of it), or the broker does not
 list this member yet (its heartbeat went nowhere because no route named that broker when it was
 sent).  :meth:`GroupMember.assignment` heartbeats a master that does not list this member and
-asks again, and :func:`rebalance_forever` retries a round that still did not settle with a
+asks again, and :func:`rebalance_rounds` retries a round that still did not settle with a
 short, doubling backoff instead of waiting a whole period.
 """
 
@@ -33,6 +33,7 @@ from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.producer import Producer
 from evq.client.pulling import PullResult, Subscription, parse_pull, pull_request
 from evq.client.routes import BrokerPool, Routes
+from evq.client.supervision import Step
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
@@ -328,24 +329,31 @@ class GroupMember:
                 log.warning("unlock failed", addr=addr, error=str(exc))
 
 
-async def rebalance_forever(rebalance: Callable[[], Awaitable[bool]], wake: asyncio.Event,
-                            period_s: float, *, settled: bool) -> None:
-    """Run ``rebalance`` every ``period_s``, at once when ``wake`` is set, and, after a round
-    that did not settle, again after 0.1 s, 0.2 s, 0.4 s ... (at most ``period_s``)."""
+def rebalance_rounds(rebalance: Callable[[], Awaitable[bool]], wake: asyncio.Event,
+                     period_s: float, *, settled: bool) -> Step:
+    """The step of a member's rebalancing loop: run ``rebalance`` every ``period_s``, at once
+    when ``wake`` is set, and, after a round that did not settle (or failed), again after
+    0.1 s, 0.2 s, 0.4 s ... (at most ``period_s``)."""
     backoff = UNSETTLED_FIRST_RETRY_S
-    while True:
+
+    async def step() -> bool:
+        nonlocal settled, backoff
         try:
             async with asyncio.timeout(period_s if settled else backoff):
                 await wake.wait()
         except TimeoutError:
             pass
         wake.clear()
+        settled = False  # until the round says otherwise: one that raises did not settle
         try:
             settled = await rebalance()
         except (ClientError, TransportError) as exc:
             log.warning("rebalance failed", error=str(exc))
-            settled = False
-        backoff = UNSETTLED_FIRST_RETRY_S if settled else min(backoff * 2, period_s)
+        finally:
+            backoff = UNSETTLED_FIRST_RETRY_S if settled else min(backoff * 2, period_s)
+        return True
+
+    return step
 
 
 async def settle(rebalance: Callable[[], Awaitable[bool]]) -> bool:
@@ -359,15 +367,3 @@ async def settle(rebalance: Callable[[], Awaitable[bool]]) -> bool:
         delay *= 2
         settled = await rebalance()
     return settled
-
-
-async def run_every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
-    """A consumer's periodic chore (heartbeat, persist, ...): a failed round is logged and
-    the next one comes as usual."""
-    while True:
-        await asyncio.sleep(seconds)
-        try:
-            await work()
-        except (ClientError, TransportError) as exc:
-            log.warning("periodic work failed", work=getattr(work, "__name__", "?"),
-                        error=str(exc))

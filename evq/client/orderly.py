@@ -28,6 +28,7 @@ import structlog
 from evq.client.group import TO_DLQ, GroupMember, MessageModel
 from evq.client.offsets import OffsetStore
 from evq.client.process_queue import ProcessQueue
+from evq.client.supervision import Supervisor
 from evq.domain.clock import Clock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
@@ -54,8 +55,10 @@ class Orderly:
 
 class OrderlyConsumption:
     def __init__(self, member: GroupMember, listener: Orderly, offsets: OffsetStore,
-                 clock: Clock, *, suspend_s: float, max_reconsume_times: int) -> None:
+                 clock: Clock, supervisor: Supervisor, *, suspend_s: float,
+                 max_reconsume_times: int) -> None:
         self._member = member
+        self._supervisor = supervisor
         self._listener = listener.listener
         self._offsets = offsets
         self._clock = clock
@@ -94,7 +97,8 @@ class OrderlyConsumption:
         task = self._tasks.get(queue)
         if ((task is None or task.done()) and pq.count and self.may_consume(pq)
                 and queue not in self._halting):
-            self._tasks[queue] = asyncio.get_running_loop().create_task(self._run(queue, pq))
+            self._tasks[queue] = self._supervisor.task(f"orderly consume {queue}",
+                                                       self._run(queue, pq))
 
     async def stop(self, queue: MessageQueue) -> None:
         """Let ``queue``'s consume task finish the message in hand (committing it, unless the

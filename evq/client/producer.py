@@ -17,11 +17,10 @@ transaction it cannot decide (:mod:`evq.client.transactions`).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -31,6 +30,7 @@ from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
 from evq.client.routes import REFRESH_S, BrokerPool, Routes
+from evq.client.supervision import SupervisionPolicy, Supervisor, periodic
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -108,7 +108,8 @@ class Producer:
     def __init__(self, group: str, namesrv: str, *, retries: int = 2,
                  send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
                  heartbeat_s: float = HEARTBEAT_S, client_id: str | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, supervision: SupervisionPolicy | None = None
+                 ) -> None:
         self.group = group
         self.client_id = client_id or new_client_id()
         self.heartbeat_s = heartbeat_s
@@ -121,7 +122,9 @@ class Producer:
         self._counter = itertools.count()
         self._routes: Routes | None = None
         self._pool: BrokerPool | None = None
-        self._loops: list[asyncio.Task[None]] = []
+        self._supervision = supervision or SupervisionPolicy()
+        self._supervisor: Supervisor | None = None
+        """Runs heartbeats and route refresh; sends raise once either failed for good."""
         self._greeted: set[str] = set()
 
     def handlers(self) -> Mapping[int, Handler]:
@@ -133,14 +136,13 @@ class Producer:
         self._routes = Routes(self._namesrv, self._clock)
         self._pool = BrokerPool(Dispatcher(self.handlers()), self._clock)
         await self._greet_brokers()
-        loop = asyncio.get_running_loop()
-        self._loops = [loop.create_task(self._every(self.route_refresh_s, self.refresh_routes)),
-                       loop.create_task(self._every(self.heartbeat_s, self.heartbeat))]
+        self._supervisor = supervisor = Supervisor(f"producer {self.group}", self._supervision)
+        supervisor.loop("refresh routes", periodic(self.route_refresh_s, self.refresh_routes))
+        supervisor.loop("heartbeat", periodic(self.heartbeat_s, self.heartbeat))
 
     async def shutdown(self) -> None:
-        for task in self._loops:
-            task.cancel()
-        self._loops = []
+        if self._supervisor is not None:
+            await self._supervisor.close()
         if self._routes is not None and self._pool is not None:
             await self._unregister()
             await self._pool.close()
@@ -208,15 +210,6 @@ class Producer:
                 log.warning("unregister failed", addr=addr, error=str(exc))
         self._greeted.clear()
 
-    @staticmethod
-    async def _every(seconds: float, work: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await work()
-            except (ClientError, TransportError) as exc:
-                log.warning("periodic work failed", work=work.__name__, error=str(exc))
-
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         routes, _ = self._started()
         return (await routes.route(topic, fallback=True)).publish_queues()
@@ -268,6 +261,7 @@ class Producer:
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
 
     def _prepare(self, msg: Message) -> None:
+        self._supervised().check()  # a producer whose background work died sends no more
         msg.properties.setdefault(Prop.UNIQ_KEY, new_uniq_key(self._clock.now_ms()))
         msg.born_timestamp = self._clock.now_ms()
 
@@ -350,3 +344,8 @@ class Producer:
         if self._routes is None or self._pool is None:
             raise NotStarted(f"producer {self.group!r} is not started")
         return self._routes, self._pool
+
+    def _supervised(self) -> Supervisor:
+        if self._supervisor is None:
+            raise NotStarted(f"producer {self.group!r} is not started")
+        return self._supervisor

@@ -22,8 +22,8 @@ already in flight when its queue was sought does not move the position back afte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final
 
 import structlog
 
@@ -34,8 +34,7 @@ from evq.client.group import (
     ConsumeType,
     GroupMember,
     MessageModel,
-    rebalance_forever,
-    run_every,
+    rebalance_rounds,
     settle,
 )
 from evq.client.identity import new_client_id
@@ -48,6 +47,7 @@ from evq.client.offsets import (
 )
 from evq.client.pulling import PullResult, PullStatus, Subscription
 from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
+from evq.client.supervision import SupervisionPolicy, Supervisor, periodic
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
@@ -68,7 +68,8 @@ class PullConsumer:
     def __init__(self, group: str, namesrv: str, *, auto_commit: bool = True,
                  auto_commit_s: float = AUTO_COMMIT_S, rebalance_s: float = REBALANCE_S,
                  heartbeat_s: float = HEARTBEAT_S, strategy: AllocateStrategy | str = "AVG",
-                 client_id: str | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 client_id: str | None = None, clock: Clock = SYSTEM_CLOCK,
+                 supervision: SupervisionPolicy | None = None) -> None:
         self.group = group
         self.client_id = client_id or new_client_id()
         self.auto_commit = auto_commit
@@ -78,13 +79,15 @@ class PullConsumer:
         self._heartbeat_s = heartbeat_s
         self._strategy = strategy
         self._clock = clock
+        self._supervision = supervision or SupervisionPolicy()
         self._subs: dict[str, Subscription] = {}
         self._assigned: dict[MessageQueue, int] = {}
         self._seeks: dict[MessageQueue, int] = {}
         """How often each queue was sought: a poll started before a seek keeps its hands off
         the position."""
         self._rebalance_now = asyncio.Event()
-        self._loops: set[asyncio.Task[None]] = set()
+        self._supervisor: Supervisor | None = None
+        """Runs the background loops; :meth:`pull` raises once one of them failed for good."""
         self._routes: Routes | None = None
         self._pool: BrokerPool | None = None
         self._member: GroupMember | None = None
@@ -111,9 +114,10 @@ class PullConsumer:
             brokers=BrokerChoice(self._clock))
         self._offsets = RemoteOffsets(self.group, pool, member.offset_address,
                                       member.broker_failed)
-        loops: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        self._supervisor = supervisor = Supervisor(f"pull consumer {self.group}",
+                                                   self._supervision)
         if self.auto_commit:
-            loops.append((self._auto_commit_s, self.commit))
+            supervisor.loop("auto commit", periodic(self._auto_commit_s, self.commit))
         if self._subs:
             for topic in self._subs:
                 try:
@@ -122,18 +126,17 @@ class PullConsumer:
                     log.info("no route yet", topic=topic, error=str(exc))
             await member.heartbeat()
             settled = await settle(self.rebalance)
-            loops += [(self._heartbeat_s, member.heartbeat), (REFRESH_S, routes.refresh)]
-            self._spawn(rebalance_forever(self.rebalance, self._rebalance_now,
-                                          self._rebalance_s, settled=settled))
-        for seconds, work in loops:
-            self._spawn(run_every(seconds, work))
+            supervisor.loop("heartbeat", periodic(self._heartbeat_s, member.heartbeat))
+            supervisor.loop("refresh routes", periodic(REFRESH_S, routes.refresh))
+            supervisor.loop("rebalance", rebalance_rounds(
+                self.rebalance, self._rebalance_now, self._rebalance_s, settled=settled))
 
     async def shutdown(self) -> None:
         """Stop rebalancing, commit the positions (with ``auto_commit``) and leave."""
         if self._routes is None or self._pool is None or self._member is None:
             return
-        for task in self._loops:
-            task.cancel()
+        if self._supervisor is not None:
+            await self._supervisor.close()
         if self.auto_commit:
             await self.commit()
         if self._subs:
@@ -223,8 +226,13 @@ class PullConsumer:
 
     async def pull(self, queue: MessageQueue, offset: int, max_nums: int = 32, *,
                    expression: str = "*", wait_ms: int = 0) -> PullResult:
-        """Messages of ``queue`` from ``offset``; ``wait_ms`` > 0 long-polls that long."""
+        """Messages of ``queue`` from ``offset``; ``wait_ms`` > 0 long-polls that long.
+        Raises :class:`~evq.client.errors.BackgroundFailed` once a background loop
+        (rebalance, heartbeat, auto-commit) has failed for good: the consumer's queues and
+        positions can no longer be trusted, and it should be shut down."""
         member = self._started()[2]
+        assert self._supervisor is not None
+        self._supervisor.check()
         await self._route_of(queue.topic)
         return await member.pull(queue, offset, Subscription(queue.topic, expression),
                                  max_nums=max_nums, suspend_ms=wait_ms,
@@ -317,11 +325,6 @@ class PullConsumer:
                 member.broker_failed(addr)
                 asked.add(addr)
         raise ClientError(f"no broker of {queue.broker_name!r} answered")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._loops.add(task)
-        task.add_done_callback(self._loops.discard)
 
     def _started(self) -> tuple[Routes, BrokerPool, GroupMember, RemoteOffsets]:
         if (self._routes is None or self._pool is None or self._member is None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Coroutine, Iterator
+from typing import IO, Any
 
 import attrs
 
@@ -21,7 +21,7 @@ from evq.client.errors import RouteNotFound
 from evq.client.producer import Producer, SendResult
 from evq.client.routes import Routes
 from evq.domain.message import Message, new_message
-from evq.net.transport import run
+from evq.net.transport import run, run_until_signal
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -93,6 +93,20 @@ def produce(opts: ProduceOptions, lines: IO[str] = sys.stdin, out: IO[str] = sys
     return run(main())
 
 
+async def first_of(*work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` until one of them ends, then cancel the others; what ended first raises
+    its exception here, if it had one."""
+    tasks = [asyncio.create_task(w) for w in work]
+    try:
+        ended, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in ended:
+        task.result()
+
+
 def message_json(m: Message) -> dict[str, object]:
     return {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
             "msgId": m.uniq_key, "tags": m.tags, "keys": m.keys,
@@ -103,9 +117,10 @@ def message_json(m: Message) -> dict[str, object]:
 
 def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
     """Print what arrives, one line (or one JSON object) per message; stop after ``count``
-    messages or ``idle_timeout`` seconds without one."""
+    messages, ``idle_timeout`` seconds without one, or at SIGTERM or SIGINT, committing the
+    offsets of what was printed on the way out whichever way it stops."""
 
-    async def main() -> int:
+    async def main(stop: asyncio.Event) -> int:
         await check_namesrv(opts.namesrv, opts.topic)
         seen = 0
         done = asyncio.Event()
@@ -132,14 +147,18 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
             ConsumeFrom.FIRST_OFFSET if opts.from_beginning else ConsumeFrom.LAST_OFFSET))
         consumer = PushConsumer(opts.group, opts.namesrv, listener=on_message, options=options)
         consumer.subscribe(opts.topic, opts.expression)
-        async with consumer:
+        async def idle() -> None:
             while not done.is_set():
                 activity.clear()
                 try:
                     async with asyncio.timeout(opts.idle_timeout):
                         await activity.wait()
                 except TimeoutError:
-                    break
+                    return
+
+        async with consumer:
+            # a consumer that failed raises here
+            await first_of(idle(), consumer.wait(), stop.wait())
         return 0
 
-    return run(main())
+    return run_until_signal(main)

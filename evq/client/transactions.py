@@ -111,7 +111,8 @@ class TransactionProducer(Producer):
     async def _check_requested(self, conn: Connection, cmd: RemotingCommand) -> None:
         """CHECK_TRANSACTION_STATE is one-way: decide in a task and answer on the same
         connection, so a slow ``check`` never holds up the connection's other traffic."""
-        task = asyncio.get_running_loop().create_task(self._answer_check(conn, cmd))
+        task = self._supervised().task("answer a transaction check",
+                                       self._answer_check(conn, cmd))
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 

@@ -70,6 +70,16 @@ class LogLocked(LogError):
     """Another process holds the store directory."""
 
 
+class StoreUnavailable(LogError):
+    """The store directory cannot be opened: a file stands where a directory should be, no
+    permission, a read-only file system.  Says so with the path, so that an operator is not
+    sent looking at the port or the network."""
+
+    def __init__(self, path: object, cause: OSError) -> None:
+        self.path = path
+        super().__init__(f"cannot open the store at {path}: {cause.strerror or cause}")
+
+
 class ReplicationError(LogError):
     """Replicated bytes that do not continue this log (wrong offset, broken record)."""
 

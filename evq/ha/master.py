@@ -138,9 +138,16 @@ class HAMaster:
             slave.wake.set()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+        """asyncio's callback for a new connection: the session runs in a task of the
+        master's own, which :meth:`shutdown` cancels.  Cancelling the callback's task instead
+        makes Python 3.11's stream machinery report the cancellation as an error, with a
+        traceback, on every shutdown with a slave connected."""
+        task = asyncio.get_running_loop().create_task(self._session(reader, writer))
         self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                       ) -> None:
         peer = "{}:{}".format(*writer.get_extra_info("peername")[:2])
         try:
             start = await self._handshake(reader, writer, peer)
@@ -149,8 +156,9 @@ class HAMaster:
         except (ConnectionError, asyncio.IncompleteReadError, FrameError, LogError,
                 TimeoutError) as exc:
             log.warning("ha_slave_dropped", slave=peer, error=str(exc) or type(exc).__name__)
+        except Exception:
+            log.exception("ha_session_failed", slave=peer)
         finally:
-            self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

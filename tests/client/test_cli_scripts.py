@@ -3,12 +3,17 @@ their failures as one line on stderr."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import selectors
+import signal
 import subprocess
 import time
 
 import pytest
 
+from evq.client.pull_consumer import PullConsumer
 from tests.compat.conftest import Served
 from tests.processes import EVQ, REPO_ROOT, python_env, run_evq
 
@@ -67,3 +72,48 @@ def test_an_unreachable_name_server_fails_at_once_with_one_line(
 ])
 def test_usage_errors_are_one_line(args: tuple[str, ...], reason: str) -> None:
     assert reason in one_line_failure(run_evq(*args), code=2)
+
+
+def read_lines(proc: subprocess.Popen[bytes], n: int, timeout: float = 30) -> list[str]:
+    """The first ``n`` lines ``proc`` prints, or fail after ``timeout`` seconds (read from the
+    pipe itself: a buffered reader could hold lines the selector no longer sees)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while data.count(b"\n") < n:
+            left = deadline - time.monotonic()
+            assert left > 0 and selector.select(left), f"only {data!r} printed"
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"exited ({proc.wait()}) after printing {data!r}"
+            data += chunk
+    return data.decode().splitlines()[:n]
+
+
+async def committed(namesrv: str, group: str, topic: str) -> int:
+    """The sum of ``group``'s committed offsets over the queues of ``topic``."""
+    async with PullConsumer(group, namesrv, auto_commit=False) as pc:
+        return sum([max(await pc.committed(q), 0) for q in await pc.queues(topic)])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_consume_stopped_by_a_signal_commits_what_it_printed(cluster: Served,
+                                                             sig: signal.Signals) -> None:
+    topic, group = f"CLIS{sig.name}", f"G_cli_{sig.name}"
+    bodies = [f"m{i}" for i in range(6)]
+    assert run_evq("produce", "-n", cluster.namesrv, "-t", topic,
+                   stdin="".join(b + "\n" for b in bodies)).returncode == 0
+    with subprocess.Popen([*EVQ, "consume", "-n", cluster.namesrv, "-t", topic, "-g", group,
+                           "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=REPO_ROOT, env=python_env()) as proc:
+        try:
+            assert sorted(read_lines(proc, len(bodies))) == bodies
+            proc.send_signal(sig)
+            assert proc.wait(30) == 0
+            assert proc.stderr is not None and proc.stderr.read() == b""
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert asyncio.run(committed(cluster.namesrv, group, topic)) == len(bodies)

@@ -11,6 +11,7 @@ from evq.client.offsets import LocalOffsets
 from evq.client.orderly import Orderly, OrderlyConsumption, OrderlyResult
 from evq.client.process_queue import LOCK_MAX_LIVE_S, ProcessQueue
 from evq.client.routes import BrokerPool, Routes
+from evq.client.supervision import Supervisor
 from evq.domain.clock import ManualClock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
@@ -36,8 +37,8 @@ async def test_an_expired_lock_stops_consumption_until_renewed(tmp_path: Path) -
                          consume_type=ConsumeType.PASSIVELY, model=MessageModel.CLUSTERING,
                          consume_from=ConsumeFrom.FIRST_OFFSET, strategy="AVG")
     offsets = LocalOffsets(tmp_path / "offsets.json")
-    orderly = OrderlyConsumption(member, Orderly(listener), offsets, clock, suspend_s=0,
-                                 max_reconsume_times=1)
+    orderly = OrderlyConsumption(member, Orderly(listener), offsets, clock, Supervisor("test"),
+                                 suspend_s=0, max_reconsume_times=1)
     pq = ProcessQueue(0)
     pq.put([Message(topic="T", queue_offset=o) for o in range(5)], 5)
 

@@ -72,7 +72,8 @@ class Group:
         """Start (or restart) the master; returns once the name server routes to it."""
         self.master = self.stack.enter_context(running_broker(
             self.namesrv, self.root / "master", "--config", str(self.config),
-            "--ha-port", str(self.ha_port), "--role", role, *extra, port=self.master_port))
+            "--ha-port", str(self.ha_port), "--role", role, *extra, port=self.master_port,
+            stderr=self.stack.enter_context((self.root / "master.log").open("a"))))
         return self.master
 
     def start_slave(self, *extra: str, master_ha: bool = True) -> Running:
@@ -85,6 +86,10 @@ class Group:
             "--namesrv", self.namesrv, "--data", str(self.root / "slave"), *extra, servers=1,
             stderr=self.stack.enter_context((self.root / "slave.log").open("a"))))
         return self.slave
+
+    def master_log(self) -> str:
+        """What the master (every start of it) wrote on stderr."""
+        return (self.root / "master.log").read_text()
 
     def slave_log(self) -> str:
         """The slave's own log (stderr), for the message of a failed assertion."""

@@ -112,7 +112,9 @@ class BrokerServer:
 
     async def start(self) -> None:
         """Bind, open (and recover) the store, then listen.  Raises OSError when the port is
-        taken and :class:`evq.domain.log.LogLocked` when another broker has the data dir."""
+        taken, :class:`evq.domain.log.StoreUnavailable` (not an OSError, so that it is never
+        reported as a port that cannot be bound) when the data dir cannot be opened, and
+        :class:`evq.domain.log.LogLocked` when another broker has the data dir."""
         await self.server.start(serving=False)
         try:
             await self._open()
