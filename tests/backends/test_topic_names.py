@@ -5,29 +5,36 @@ stores their queue keys).  A name that comes back different after a restart orph
 pulls from offset 0 find nothing and the next send takes offset 0 again, overwriting what was
 acknowledged.  ``%RETRY%default`` once came back as ``%RETRY\\ufffdfault`` (``%de`` decoded as
 a percent escape), so these properties draw from the whole legal alphabet, ``%`` included, at
-every length up to the limit, through a clean close and reopen.
+every length up to the limit, through a clean close and reopen, and through SIGKILL and
+reopen (recovery rebuilds what a clean close would have written).
 """
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from evq.backends.registry import TRAITS
 from evq.domain.log import GetStatus, MessageLog
 from evq.domain.message import new_message
 from evq.domain.record import decode, put_record
-from tests.backends import crash_child
+from tests.backends import crash_child, names_child
+from tests.processes import REPO_ROOT, python_env
 from tests.strategies import topics
 
 topic_sets = st.lists(topics, min_size=1, max_size=4, unique=True)
-PER_TOPIC = 3
-
-
-def _body(topic: str, n: int) -> bytes:
-    return f"{n}|{topic}".encode()
+PER_TOPIC = names_child.PER_TOPIC
+_body = names_child.body
+CHILD_TIMEOUT_S = 60.0
 _FIXTURE = [HealthCheck.function_scoped_fixture]  # each example makes its own directory
 
 
@@ -58,6 +65,41 @@ def test_every_legal_name_survives_close_and_reopen(open_log, names: list[str]) 
         reopened = open_log(path=store, **crash_child.SIZES)
         _check_topics(reopened, names)
         reopened.close()  # before its directory goes
+
+
+def _store_and_kill(backend: str, store: Path, names: list[str]) -> None:
+    """Run :mod:`tests.backends.names_child` until it acknowledged, then SIGKILL it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.backends.names_child", backend, str(store),
+         json.dumps(names)], cwd=REPO_ROOT, env=python_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    try:
+        reader.join(CHILD_TIMEOUT_S)
+        assert first == ["ACKED\n"], (
+            f"the child did not acknowledge in {CHILD_TIMEOUT_S:g} s: {first} rc={proc.poll()}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+
+
+@settings(max_examples=10, suppress_health_check=_FIXTURE)
+@given(names=topic_sets)
+@example(names=["%RETRY%default", "%DLQ%cafe", "%" * 127, "a|b%7Cc"])
+def test_every_legal_name_survives_sigkill_and_reopen(open_log, backend: str,
+                                                      names: list[str]) -> None:
+    if not TRAITS[backend].persistent:
+        pytest.skip(f"the {backend} backend keeps nothing past its process")
+    with tempfile.TemporaryDirectory() as d:
+        store = Path(d) / "store"
+        _store_and_kill(backend, store, names)
+        reopened = open_log(path=store, **crash_child.SIZES)
+        _check_topics(reopened, names)
+        reopened.close()
 
 
 def test_a_name_ending_in_a_newline_is_refused() -> None:
