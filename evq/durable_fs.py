@@ -23,6 +23,7 @@ SQL metadata store's directory), so there is one place that knows the rule.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterable
@@ -82,6 +83,8 @@ def make_dirs(path: Path, pending: PendingSyncs | None = None) -> None:
     missing: list[Path] = []
     p = path
     while not p.is_dir():
+        if p.exists():  # a file where a directory must go: say so, as mkdir -p does
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(p))
         missing.append(p)
         p = p.parent
     for d in reversed(missing):

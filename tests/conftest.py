@@ -82,3 +82,12 @@ def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenL
     yield _open
     for log in opened:
         log.close()
+
+
+@pytest.fixture(autouse=True)
+def _reap_stock_clients() -> Iterator[None]:
+    """Stock C++ clients a test started end with the test, whatever became of it."""
+    yield
+    from tests.compat.conftest import reap_stock_clients
+
+    reap_stock_clients()

@@ -42,10 +42,27 @@ def stock(*args: str, timeout: float = 60) -> list[dict[str, Any]]:
     return lines[:-1]
 
 
+STARTED: list[subprocess.Popen[str]] = []
+"""Stock clients started by :func:`start_stock`; :func:`reap_stock_clients` ends those a
+failing test left behind, so a dead or stuck client fails its own test and no other."""
+
+
 def start_stock(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.compat.stock_client", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.compat.stock_client", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=REPO_ROOT, env=python_env())
+    STARTED.append(proc)
+    return proc
+
+
+def reap_stock_clients() -> None:
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def collect(proc: subprocess.Popen[str], timeout: float = 90) -> list[dict[str, Any]]:
