@@ -45,8 +45,10 @@ class AdminError(ClientError):
     """An admin operation that cannot be done: unknown topic, no broker, a broker's refusal."""
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, order=True)
 class BrokerRow:
+    """One broker as the name servers list it; rows sort by cluster, name, then id."""
+
     cluster: str
     broker_name: str
     broker_id: int
