@@ -752,17 +752,27 @@ class Broker:
         log.info("offsets_reset", group=group, topic=topic, timestamp=timestamp_ms, queues=moved)
         return moved
 
-    def consume_stats(self, group: str, topic: str | None = None) -> list[QueueStat]:
-        """Lag per queue for every topic the group has offsets in (or the one named)."""
+    def consume_stats(self, group: str, topic: str | None = None,
+                      subscribed: Iterable[str] = ()) -> list[QueueStat]:
+        """Lag on every readable queue of every topic the group has offsets in or (for its
+        online members) ``subscribed`` to, or of the one topic named: a queue the group never
+        committed on counts from offset 0, as RocketMQ's GET_CONSUME_STATS does, so its
+        messages are in the lag total rather than left out."""
         with self._lock:
-            keys = sorted(k for k in self._offsets if k[0] == group
-                          and (topic is None or k[1] == topic))
-            committed = {k: self._offsets[k] for k in keys}
+            committed = {k: v for k, v in self._offsets.items() if k[0] == group}
+        names = {t for _g, t, _q in committed} | set(subscribed)
+        if topic is not None:
+            names = {topic}
         stats = []
-        for (_g, t, q), off in committed.items():
-            _lo, hi = self.log.bounds(t, q)
-            last = self.log.store_time_at(t, q, off - 1) if off > 0 else -1
-            stats.append(QueueStat(t, q, hi, off, max(last, 0)))
+        for t in sorted(names):
+            config = self.topic(t)
+            queues = (range(config.read_queue_nums) if config is not None
+                      else sorted(q for _g, ct, q in committed if ct == t))
+            for q in queues:
+                off = max(committed.get((group, t, q), 0), 0)
+                _lo, hi = self.log.bounds(t, q)
+                last = self.log.store_time_at(t, q, off - 1) if off > 0 else -1
+                stats.append(QueueStat(t, q, hi, off, max(last, 0)))
         return stats
 
     # --- queries ------------------------------------------------------------------------------

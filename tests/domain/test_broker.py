@@ -259,6 +259,19 @@ def test_consume_stats_report_lag(broker: Broker, clock: ManualClock) -> None:
     assert (stats[1].lag, stats[1].last_timestamp) == (0, clock.now_ms())
 
 
+def test_consume_stats_count_queues_never_committed_on(broker: Broker) -> None:
+    topic(broker, queues=4)
+    topic(broker, "Subscribed", queues=2)
+    for i in range(8):
+        broker.put([msg("T", queue_id=i % 4)])
+    broker.commit_offset("g", "T", 0, 1)
+    stats = broker.consume_stats("g", subscribed=["Subscribed"])
+    assert [(s.topic, s.queue_id, s.consumer_offset) for s in stats] == [
+        ("Subscribed", 0, 0), ("Subscribed", 1, 0),
+        ("T", 0, 1), ("T", 1, 0), ("T", 2, 0), ("T", 3, 0)]
+    assert sum(s.lag for s in stats) == 7
+
+
 # --- event-sourced metadata ------------------------------------------------------------------
 
 

@@ -106,10 +106,13 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def consume_stats(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("consumerGroup")
         name = core.config.broker_name
+        online = ctx.membership.consumer_group(group)
+        subscribed = online.subscriptions if online is not None else {}
         table = {MessageQueue(s.topic, name, s.queue_id): {
             "brokerOffset": s.broker_offset, "consumerOffset": s.consumer_offset,
             "lastTimestamp": s.last_timestamp}
-            for s in core.consume_stats(group, cmd.get_str("topic", None, empty_as_absent=True))}
+            for s in core.consume_stats(group, cmd.get_str("topic", None, empty_as_absent=True),
+                                        subscribed)}
         return cmd.response(body=fastjson.dumps({"consumeTps": 0.0,
                                                  "offsetTable": table}).encode())
 
