@@ -387,11 +387,14 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-ha", dest="master_ha_addr", default=None, metavar="H:P",
                    help="a slave's master replication address (default: learnt from the "
                         "name servers)")
+    p.add_argument("--slave-read-enable", dest="slave_read_enable", action="store_true",
+                   default=None, help="a slave serves pulls (RocketMQ's slaveReadEnable; "
+                                      "default off: consumers read from the master)")
 
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr")
+                 "ha_listen_port", "master_ha_addr", "slave_read_enable")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
