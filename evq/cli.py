@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NoReturn
 import structlog
 
 from evq import logs
-from evq.admin.commands import add_admin
+from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.domain.log import FlushMode
 
@@ -567,7 +567,7 @@ def _add_produce(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = commands.add_parser("produce", help="send each stdin line as a message",
                             description="Send each line of stdin to a topic; print one JSON "
                                         "send result per line.")
-    p.add_argument("-n", "--namesrv", required=True, metavar="H:P;H:P")
+    add_namesrv_flag(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-p", "--group", default="evq-cli-producer", help="producer group")
     p.add_argument("--tags", default=None)
@@ -589,7 +589,7 @@ def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                         "message's body (or a JSON object with --json). Runs "
                                         "until --count, --idle-timeout, SIGTERM or SIGINT, "
                                         "and commits its offsets however it stops.")
-    p.add_argument("-n", "--namesrv", required=True, metavar="H:P;H:P")
+    add_namesrv_flag(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-s", "--expression", default="*", help="tag expression (default: *)")
@@ -599,6 +599,8 @@ def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="exit after this long without a message")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
+    p.add_argument("--wait-for-topic", action="store_true",
+                   help="wait for a topic no name server knows yet (default: fail at once)")
     p.set_defaults(handler=_cmd_consume, log_level_default="error")
 
 
@@ -608,7 +610,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
     return consume(ConsumeOptions(
         namesrv=args.namesrv, topic=args.topic, group=args.group, expression=args.expression,
         from_beginning=args.from_beginning, count=args.count, idle_timeout=args.idle_timeout,
-        json=args.json))
+        json=args.json, wait_for_topic=args.wait_for_topic))
 
 
 # --- the parser and the entry point ---------------------------------------------------------

@@ -38,11 +38,12 @@ def python_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": os.environ.get("HOME", "/tmp")}
 
 
-def run_evq(*args: str, timeout: float = EXIT_TIMEOUT, stdin: str | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    """Run one ``evq`` command to its end, capturing both streams."""
+def run_evq(*args: str, timeout: float = EXIT_TIMEOUT, stdin: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one ``evq`` command to its end, capturing both streams (``env`` adds variables)."""
     return subprocess.run([*EVQ, *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                          env=python_env(), timeout=timeout, check=False, input=stdin)
+                          env={**python_env(), **(env or {})}, timeout=timeout, check=False,
+                          input=stdin)
 
 
 @attrs.define

@@ -29,6 +29,15 @@ from evq.domain.record import offset_msg_id
 from evq.net.transport import run
 
 DEFAULT_NAMESRV: Final = "127.0.0.1:9876"
+
+
+def add_namesrv_flag(parser: argparse.ArgumentParser) -> None:
+    """``-n/--namesrv`` as every client command takes it (admin, produce, consume): the
+    name servers, else ``$NAMESRV_ADDR`` as RocketMQ's tools read it, else the default."""
+    parser.add_argument("-n", "--namesrv", default=os.environ.get("NAMESRV_ADDR",
+                                                                  DEFAULT_NAMESRV),
+                        metavar="H:P;H:P", help="name servers (default: $NAMESRV_ADDR or "
+                                                f"{DEFAULT_NAMESRV})")
 BODY_PREVIEW: Final = 40
 
 Command = Callable[[Admin, argparse.Namespace], Awaitable[Output]]
@@ -222,10 +231,7 @@ def add_admin(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_, description=help_)
-        c.add_argument("-n", "--namesrv", default=os.environ.get("NAMESRV_ADDR",
-                                                                 DEFAULT_NAMESRV),
-                       metavar="H:P;H:P", help="name servers (default: $NAMESRV_ADDR or "
-                                               f"{DEFAULT_NAMESRV})")
+        add_namesrv_flag(c)
         c.add_argument("--json", action="store_true", help="print one JSON document")
         c.set_defaults(handler=_run, admin=_COMMANDS[name], log_level_default="error")
         return c

@@ -190,7 +190,8 @@ class Routes:
                 log.warning("name server unreachable", addr=client.address, error=str(exc))
                 self._next += 1
                 last = exc
-        raise ClientError(f"no name server reachable for {what}") from last
+        tried = ", ".join(c.address for c in self._namesrv)
+        raise ClientError(f"no name server reachable for {what} (tried {tried})") from last
 
     async def refresh(self) -> None:
         """Look every cached topic up again; a topic whose lookup fails keeps its old route."""

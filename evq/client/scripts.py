@@ -17,7 +17,7 @@ from typing import IO, Any
 import attrs
 
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
-from evq.client.errors import RouteNotFound
+from evq.client.errors import ClientError, RouteNotFound
 from evq.client.producer import Producer, SendResult
 from evq.client.routes import Routes
 from evq.domain.message import Message, new_message
@@ -44,6 +44,7 @@ class ConsumeOptions:
     count: int | None = None
     idle_timeout: float | None = None
     json: bool = False
+    wait_for_topic: bool = False
 
 
 def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
@@ -57,16 +58,17 @@ def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-async def check_namesrv(namesrv: str, topic: str) -> None:
-    """Raise :class:`~evq.client.errors.ClientError` when no name server answers; a topic it
-    does not know is fine (auto-created on the first send, or created later)."""
+async def topic_known(namesrv: str, topic: str) -> bool:
+    """Whether a name server routes ``topic``; raises :class:`~evq.client.errors.ClientError`
+    when no name server answers."""
     routes = Routes(namesrv)
     try:
         await routes.lookup(topic)
     except RouteNotFound:
-        pass
+        return False
     finally:
         await routes.close()
+    return True
 
 
 def result_json(r: SendResult, count: int) -> dict[str, object]:
@@ -79,7 +81,7 @@ def produce(opts: ProduceOptions, lines: IO[str] = sys.stdin, out: IO[str] = sys
     """Send each line (or each ``batch`` lines) and print one JSON result per send."""
 
     async def main() -> int:
-        await check_namesrv(opts.namesrv, opts.topic)
+        await topic_known(opts.namesrv, opts.topic)  # unknown is fine: the send creates it
         async with Producer(opts.group, opts.namesrv) as producer:
             for lines_ in _batches(lines, opts.batch):
                 msgs = [new_message(opts.topic, text.encode(), tags=opts.tags, keys=opts.keys)
@@ -115,13 +117,22 @@ def message_json(m: Message) -> dict[str, object]:
             "reconsumeTimes": m.reconsume_times}
 
 
-def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
+def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr
+            ) -> int:
     """Print what arrives, one line (or one JSON object) per message; stop after ``count``
     messages, ``idle_timeout`` seconds without one, or at SIGTERM or SIGINT, committing the
-    offsets of what was printed on the way out whichever way it stops."""
+    offsets of what was printed on the way out whichever way it stops.  A topic no name
+    server knows is an error (a consumer would wait for it in silence) unless
+    ``wait_for_topic``, and then ``err`` says what it waits for."""
 
     async def main(stop: asyncio.Event) -> int:
-        await check_namesrv(opts.namesrv, opts.topic)
+        if not await topic_known(opts.namesrv, opts.topic):
+            if not opts.wait_for_topic:
+                raise ClientError(f"topic {opts.topic!r} does not exist on {opts.namesrv} "
+                                  "(--wait-for-topic waits for it)")
+            err.write(f"evq: waiting for topic {opts.topic!r} to be created "
+                      f"(name servers {opts.namesrv})\n")
+            err.flush()
         seen = 0
         done = asyncio.Event()
         activity = asyncio.Event()  # a message arrived, or enough did
@@ -147,6 +158,7 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout) -> int:
             ConsumeFrom.FIRST_OFFSET if opts.from_beginning else ConsumeFrom.LAST_OFFSET))
         consumer = PushConsumer(opts.group, opts.namesrv, listener=on_message, options=options)
         consumer.subscribe(opts.topic, opts.expression)
+
         async def idle() -> None:
             while not done.is_set():
                 activity.clear()

@@ -61,12 +61,13 @@ def test_an_unreachable_name_server_fails_at_once_with_one_line(
         command: tuple[str, ...], stdin: str | None) -> None:
     started = time.monotonic()
     out = run_evq(*command, "-n", "127.0.0.1:1", "-t", "T", stdin=stdin, timeout=20)
-    assert one_line_failure(out) == "evq: error: no name server reachable for topic 'T'"
+    assert one_line_failure(out) == (
+        "evq: error: no name server reachable for topic 'T' (tried 127.0.0.1:1)")
     assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("args, reason", [
-    (("produce", "-t", "T"), "the following arguments are required: -n/--namesrv"),
+    (("produce", "-n", "h:1"), "the following arguments are required: -t/--topic"),
     (("consume", "-n", "h:1", "-t", "T", "-g", "G", "--count", "0"), "argument --count"),
     (("bogus",), "invalid choice: 'bogus'"),
 ])
@@ -117,3 +118,30 @@ def test_consume_stopped_by_a_signal_commits_what_it_printed(cluster: Served,
             if proc.poll() is None:
                 proc.kill()
     assert asyncio.run(committed(cluster.namesrv, group, topic)) == len(bodies)
+
+
+def test_consuming_a_topic_nobody_created_fails_at_once(cluster: Served) -> None:
+    out = run_evq("consume", "-n", cluster.namesrv, "-t", "NeverMade", "-g", "G_none",
+                  timeout=30)
+    assert one_line_failure(out) == (f"evq: error: topic 'NeverMade' does not exist on "
+                                     f"{cluster.namesrv} (--wait-for-topic waits for it)")
+
+
+def test_wait_for_topic_says_what_it_waits_for_then_consumes(cluster: Served) -> None:
+    with subprocess.Popen([*EVQ, "consume", "-t", "MadeLater", "-g", "G_later",
+                           "--from-beginning", "--count", "1", "--wait-for-topic"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+                          env={**python_env(), "NAMESRV_ADDR": cluster.namesrv}) as proc:
+        try:
+            assert proc.stderr is not None
+            assert proc.stderr.readline().decode() == (
+                f"evq: waiting for topic 'MadeLater' to be created (name servers "
+                f"{cluster.namesrv})\n")
+            made = run_evq("produce", "-t", "MadeLater", stdin="late\n",  # -n from the env
+                           env={"NAMESRV_ADDR": cluster.namesrv})
+            assert made.returncode == 0, made.stderr
+            assert read_lines(proc, 1, timeout=60) == ["late"]
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
