@@ -25,8 +25,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-import structlog
-
 from evq import logs
 from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
     from evq.net.broker import BrokerServer
     from evq.settings import Settings
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.backends.config import StoreConfig
 from evq.backends.registry import DEFAULT_BACKEND, open_log
 from evq.domain import topics as tp
@@ -44,7 +44,7 @@ from evq.domain.schedule import DelayService, TimerService
 from evq.domain.transactions import TransactionService
 from evq.meta.sql import SqlMetadataStore
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 LocalTransaction = Callable[[Message], bool | None]
 """Runs the producer's local transaction: True commits, False rolls back, None leaves the

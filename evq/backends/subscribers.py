@@ -9,11 +9,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-import structlog
-
+from evq import logs
 from evq.domain.log import DispatchCallback, Dispatched
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 
 class DispatchSubscribers:

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 from tqdm import tqdm
 
+from evq import logs
 from evq.backends import registry
 from evq.backends.config import MIB, StoreConfig
 from evq.bench.store import (
@@ -59,7 +59,7 @@ from evq.bench.store import (
 from evq.domain.log import FlushMode, MessageLog
 from evq.domain.record import PutRecord
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 SCALE_DIVISOR = 10
 LOOKUP_SEEDS = (1, 2, 3)

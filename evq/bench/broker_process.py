@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import attrs
-import structlog
 
-log = structlog.get_logger(__name__)
+from evq import logs
+
+log = logs.get_logger(__name__)
 
 LISTENING = re.compile(r"\blistening on (?P<host>\S+):(?P<port>\d+)")
 START_TIMEOUT_S = 60.0

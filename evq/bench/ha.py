@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.bench.broker_process import BrokerProcess, broker_process
 from evq.bench.net import Producer, create_topic, percentile
 from evq.bench.scaffold import check_backend, scratch
@@ -29,7 +29,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, run
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 SETUPS = ("no slave", "ASYNC_MASTER", "SYNC_MASTER")
 LAG_SAMPLE_S = 0.05

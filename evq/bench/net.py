@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 from tqdm import tqdm
 
+from evq import logs
 from evq.backends import registry
 from evq.bench.broker_process import BrokerProcess, broker_process
 from evq.bench.scaffold import check_backend, progress, scratch
@@ -57,7 +57,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, RemotingCommand
 from evq.net.transport import RemotingClient, run
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 PRODUCER_GROUP = "BenchNetProducer"
 CONSUMER_GROUP = "BenchNetConsumer"

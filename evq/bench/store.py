@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import attrs
-import structlog
 from tqdm import tqdm
 
+from evq import logs
 from evq.backends import registry
 from evq.backends.config import StoreConfig
 from evq.bench.scaffold import check_backend, progress, scratch
@@ -58,7 +58,7 @@ from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import PutRecord, put_record
 from evq.net.durable import DurableWaker
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 MB = 1_000_000  # throughput figures count 10**6 bytes of stored records as one MB
 TOPICS = 4

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import BackgroundFailed, ClientError, NotStarted
 from evq.client.flow_control import HOLD_S, FlowLimits, Holds
@@ -72,7 +72,7 @@ from evq.net.transport import Connection, Dispatcher, TransportError
 __all__ = ["BackgroundFailed", "ConsumeFrom", "ConsumeResult", "ConsumerOptions", "MessageModel",
            "PushConsumer"]
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 HEARTBEAT_S: Final = 30.0
 REBALANCE_S: Final = 20.0

@@ -26,8 +26,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
-import structlog
-
+from evq import logs
 from evq.client.broker_choice import MASTER_ID, BrokerChoice
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.producer import Producer
@@ -47,7 +46,7 @@ from evq.net.fastjson import queue_json
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 UNSETTLED_FIRST_RETRY_S: Final = 0.1
 """First retry after a round that did not settle; doubled each time, capped at the period."""

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
+from evq import logs
 from evq.client.errors import BrokerRefused, ClientError
 from evq.client.routes import BrokerPool
 from evq.domain.codes import ResponseCode
@@ -27,7 +26,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import HeaderFieldError, RemotingCommand
 from evq.net.transport import TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 AddressOf = Callable[[str], str | None]
 """Where a broker name's offsets are kept (the master, or a slave while it is down), None when

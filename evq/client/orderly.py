@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.group import TO_DLQ, GroupMember, MessageModel
 from evq.client.offsets import OffsetStore
 from evq.client.process_queue import ProcessQueue
@@ -33,7 +33,7 @@ from evq.domain.clock import Clock
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 LOCK_RENEW_S: Final = 20.0
 SUSPEND_S: Final = 1.0

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
@@ -44,7 +44,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Dispatcher, Handler, TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 SEND_TIMEOUT_S: Final = 3.0
 HEARTBEAT_S: Final = 30.0

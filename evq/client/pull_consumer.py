@@ -25,8 +25,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
-import structlog
-
+from evq import logs
 from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import ClientError, NotStarted
 from evq.client.group import (
@@ -56,7 +55,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Dispatcher, TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 AUTO_COMMIT_S: Final = 5.0
 HEARTBEAT_S: Final = 30.0

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Final
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -26,7 +26,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Dispatcher, RemotingClient, TransportError, split_address
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 MASTER_ID: Final = 0
 REFRESH_S: Final = 30.0

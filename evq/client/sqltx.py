@@ -24,13 +24,13 @@ from collections.abc import Callable
 from typing import Final
 
 import sqlalchemy as sa
-import structlog
 
+from evq import logs
 from evq.client.transactions import TransactionState
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.message import Message, Prop
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 DEFAULT_TABLE: Final = "evq_transactions"
 PENDING_MS: Final = 60_000

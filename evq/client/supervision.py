@@ -31,12 +31,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.errors import BackgroundFailed, ClientError
 from evq.net.transport import TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 Step = Callable[[], Awaitable[bool]]
 """One round of a loop; it answers False when the loop is done (its queue was released)."""

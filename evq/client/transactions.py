@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.client.errors import ClientError
 from evq.client.producer import Producer, SendResult, SendStatus
 from evq.domain import sysflag as sf
@@ -31,7 +31,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler, TransportError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 
 class TransactionState(enum.Enum):

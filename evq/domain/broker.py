@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.broker_config import BrokerConfig
@@ -64,7 +64,7 @@ from evq.domain.record import (
 if TYPE_CHECKING:
     from evq.domain.filters import Subscription
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _META_READ_BATCH = 256
 

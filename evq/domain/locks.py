@@ -17,12 +17,12 @@ import threading
 from collections.abc import Iterable
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.queues import MessageQueue
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 LOCK_MAX_LIVE_S = 60.0
 """``rocketmq.broker.rebalance.lockMaxLiveTime``: a lock not refreshed for longer is free."""

@@ -23,11 +23,11 @@ from collections.abc import Hashable, Iterable, Mapping
 from types import MappingProxyType
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 CHANNEL_EXPIRY_MS = 120_000
 """A connection not heard from for longer than this is dropped (clients beat every 30 s)."""

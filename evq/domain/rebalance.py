@@ -25,11 +25,11 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.queues import MessageQueue
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 ROOM_SEPARATOR = "@"
 NEARBY_PREFIX = "MACHINE_ROOM_NEARBY"

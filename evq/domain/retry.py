@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain import topics as tp
 from evq.domain.broker import Broker, SendResult
 from evq.domain.codes import BrokerError, ResponseCode
@@ -14,7 +14,7 @@ from evq.domain.log import GetStatus
 from evq.domain.message import Message, Prop
 from evq.domain.record import decode, offset_msg_id
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 FIRST_RETRY_LEVEL = 3  # the first redelivery waits level 3 (10 s with the default levels)
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import heapq
 
-import structlog
-
+from evq import logs
 from evq.domain import topics as tp
 from evq.domain.broker import Broker
 from evq.domain.log import GetStatus, ReadResult
@@ -25,7 +24,7 @@ from evq.domain.message import Message, Prop, decode_properties
 from evq.domain.metadata import progress
 from evq.domain.record import RecordError, decode, read_fields
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _BATCH = 32
 DELAY_PROGRESS = "delay"

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.broker import Broker, SendResult
@@ -28,7 +28,7 @@ from evq.domain.log import GetStatus, PutStatus
 from evq.domain.message import Message, Prop
 from evq.domain.record import decode
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 OP_TAG = "d"
 _CHECK_BATCH = 32

@@ -15,8 +15,8 @@ import heapq
 import itertools
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.log import LogError, MessageLog, PutStatus
 from evq.ha.frames import (
     HELLO,
@@ -30,7 +30,7 @@ from evq.ha.frames import (
 from evq.ha.handshake import decide
 from evq.ha.log_window import LogWindow
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 HEARTBEAT_S = 5.0  # haSendHeartbeatInterval
 HOUSEKEEPING_S = 20.0  # haHousekeepingInterval: a slave silent this long is dropped

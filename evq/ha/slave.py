@@ -14,15 +14,15 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.log import LogError, MessageLog
 from evq.ha.frames import ANSWER, Answer, FrameError, Transfer, TransferDecoder, encode_report
 from evq.ha.handshake import HandshakeError, follow, hello
 from evq.ha.log_window import LogWindow
 from evq.net.transport import split_address
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 REPORT_INTERVAL_S = 5.0  # haSendHeartbeatInterval
 CONNECT_TIMEOUT_S = 3.0

@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import sqlalchemy as sa
-import structlog
 
-from evq import durable_fs
+from evq import durable_fs, logs
 from evq.domain.metadata import Change, MetadataStore, Table, Watermark
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _md = sa.MetaData()
 _watermark = sa.Table(

@@ -17,8 +17,7 @@ import asyncio
 import contextlib
 import functools
 
-import structlog
-
+from evq import logs
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
@@ -34,7 +33,7 @@ from evq.net.register_broker import (
 from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
 from evq.net.transport import Connection, Dispatcher, Handler, RemotingServer, TransportConfig
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 DEFAULT_PORT = 9876
 SCAN_INTERVAL = 10.0

@@ -16,8 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.topics import TopicConfig
@@ -32,7 +32,7 @@ from evq.net.register_broker import (
 )
 from evq.net.transport import RemotingClient, TransportConfig, TransportError, split_address
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 FIRST_DELAY = 10.0
 PERIOD = 30.0  # registerNameServerPeriod

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.topics import TopicConfig
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 MASTER_ID = 0
 BROKER_EXPIRED_MS = 120_000  # BROKER_CHANNEL_EXPIRED_TIME

@@ -64,8 +64,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar, cast
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.protocol import (
@@ -83,7 +83,7 @@ try:
 except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
     _uvloop_factory = None
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
 CloseCallback = Callable[["Connection"], None]

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Protocol
 
-import structlog
-
+from evq import logs
 from evq.admin.operations import Admin, AdminError
 from evq.client.blocking import LoopThread
 from evq.client.offsets import max_offset, min_offset, offset_for_time
@@ -31,7 +30,7 @@ from evq.domain.queues import MessageQueue
 from evq.domain.record import decode
 from evq.spark.options import OptionError, QueueKey, SourceOptions
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 READER_GROUP: Final = "evq-spark-reader"
 """The group live reads pull with; it never commits, so it moves no consumer's offsets."""

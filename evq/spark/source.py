@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
-import structlog
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -30,6 +29,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import Row, StructType
 
+from evq import logs
 from evq.spark.access import QueueAccess, open_access, selected
 from evq.spark.options import (
     BodyAs,
@@ -48,7 +48,7 @@ from evq.spark.planning import Slice, limit, slices
 from evq.spark.schema import json_converter, schema_ddl, to_row
 from evq.spark.writing import send_rows
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 try:  # Spark 4.2+: admission control through ReadLimit
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows

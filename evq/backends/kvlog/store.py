@@ -38,9 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
-import structlog
 
-from evq import durable_fs
+from evq import durable_fs, logs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.kvlog import layout as lay
@@ -71,7 +70,7 @@ from evq.domain.log import (
 from evq.domain.message import decode_properties, host_bytes
 from evq.domain.record import TagsCodeFn, default_tags_code
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _SCAN_CHUNK = 1024  # rows per range read when walking a stretch of the log
 _RECORD_MAGICS = (rec.MAGIC_V1, rec.MAGIC_V2)

@@ -28,12 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
-
+from evq import logs
 from evq.backends.config import StoreConfig
 from evq.domain.log import FlushMode
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 PAGE = 4096
 
 DurableCallback = Callable[[bool], None]

@@ -28,12 +28,10 @@ import os
 import threading
 from pathlib import Path
 
-import structlog
-
-from evq import durable_fs
+from evq import durable_fs, logs
 from evq.domain.log import LogError
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 NAME_DIGITS = 20
 WARM_CHUNK = 4 * 1024 * 1024  # pre-faulted ahead of the writer: ~1 ms to fault, ~10 ms to fill

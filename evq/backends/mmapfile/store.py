@@ -34,9 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import structlog
-
-from evq import durable_fs
+from evq import durable_fs, logs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
@@ -69,7 +67,7 @@ from evq.domain.log import (
 from evq.domain.message import decode_properties, host_bytes
 from evq.domain.record import TagsCodeFn, default_tags_code
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _OFFSETS = rec.OFFSETS
 _STORE_V4 = rec.STORE_V4

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-import structlog
-
+from evq import logs
 from evq.domain import topics as tp
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.filters import FilterError, parse_subscription
@@ -21,7 +20,7 @@ from evq.net.fastjson import queue_json
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 # The C++ client sends these enums as ordinals.
 CONSUME_TYPES = {0: "CONSUME_ACTIVELY", 1: "CONSUME_PASSIVELY"}

@@ -17,8 +17,8 @@ import os
 from collections.abc import Callable
 
 import attrs
-import structlog
 
+from evq import logs
 from evq.domain.broker_config import BrokerRole
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.log import FlushMode
@@ -48,7 +48,7 @@ from evq.net.transport import (
 )
 from evq.settings import Settings
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 MEMBERSHIP_SCAN_S = 10.0
 HAND_BACK_S = 5.0
