@@ -8,7 +8,9 @@ from evq.domain import topics as tp
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.config_json import from_json, to_json
 from evq.domain.groups import SubscriptionGroupConfig
+from evq.domain.log import MessageLog
 from evq.domain.queues import MessageQueue
+from evq.domain.record import read_fields
 from evq.domain.schedule import DELAY_PROGRESS
 from evq.net import fastjson
 from evq.net.broker.clients import json_body
@@ -23,6 +25,13 @@ BROKER_VERSION_ORDINAL = 407
 
 def _data_version(ctx: BrokerContext) -> dict[str, int]:
     return {"counter": ctx.core.log.max_physical_offset, "timestamp": ctx.core.clock.now_ms()}
+
+
+def earliest_store_time(log: MessageLog) -> int:
+    """The store time of the oldest record the log still holds (0 when it holds none), as
+    RocketMQ's ``earliestMessageTimeStamp``."""
+    view = log.lookup(log.min_physical_offset) if log.max_physical_offset > 0 else None
+    return read_fields(view, 0, check_crc=False).store_timestamp if view is not None else 0
 
 
 def reset_offset_body(ctx: BrokerContext, group: str, topic: str, offsets: dict[int, int],
@@ -158,7 +167,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "commitLogMinOffset": log.min_physical_offset,
             "commitLogMaxOffset": log.max_physical_offset,
             "commitLogDiskRatio": 0.0, "brokerRole": core.config.broker_role.value,
-            "earliestMessageTimeStamp": 0, "evqBackend": type(log).__name__,
+            "earliestMessageTimeStamp": earliest_store_time(log),
+            "evqBackend": type(log).__name__,
             # The event loop's longest stall since the broker started (evq.net.loop_lag).
             "evqLoopStallMaxMs": round(ctx.loop_lag.max_stall * 1000, 3),
         }
