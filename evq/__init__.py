@@ -6,6 +6,7 @@ command line (``evq``) runs servers, benchmarks and admin commands.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,10 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["Broker"]
 
 
+_SUBPACKAGES = frozenset({"admin", "backends", "client", "domain", "ha", "net", "spark"})
+
+
 def __getattr__(name: str) -> Any:
-    # Lazy so that `evq --help` does not pay for SQLAlchemy and the store.
+    # Lazy so that `evq --help` does not pay for SQLAlchemy and the store; `import evq` then
+    # `evq.admin.Admin(...)` works as the README writes it.
     if name == "Broker":
         from evq.embedded import Broker
 
         return Broker
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"evq.{name}")
     raise AttributeError(f"module 'evq' has no attribute {name!r}")

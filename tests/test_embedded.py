@@ -124,3 +124,11 @@ def test_a_store_that_cannot_be_opened_says_where(tmp_path: Path) -> None:
     data = tmp_path / "a-file" / "data"
     with pytest.raises(StoreUnavailable, match=re.escape(f"the store at {data}: Not a dir")):
         evq.Broker.open(data, background=False)
+
+
+def test_the_subpackages_are_reachable_from_import_evq() -> None:
+    """The README writes ``import evq`` then ``evq.admin.Admin(...)``."""
+    assert evq.admin.Admin.__name__ == "Admin"
+    assert evq.client.__name__ == "evq.client"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        evq.nope  # noqa: B018
