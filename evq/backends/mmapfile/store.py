@@ -1,9 +1,8 @@
 """The default backend: RocketMQ's store (CommitLog + ConsumeQueue + IndexFile) on mmap.
 
-Directory layout (``root`` is the store directory)::
+Directory layout (``root`` is the store directory; the lock and the abort marker are the
+shell's, :mod:`evq.backends.shell`)::
 
-    root/lock                                  flock held while open (one process per store)
-    root/abort                                 exists while open: found at start = crash
     root/checkpoint                            see checkpoint.py
     root/commitlog/<20-digit offset>           log segments, see evq.domain.record
     root/consumequeue/<topic>/<queue>/<off>    see consume_queue.py
@@ -19,19 +18,17 @@ Power loss: every file and directory here but the lock is created through
 record goes into it (the allocator builds the next one ahead), and a sync acknowledgement
 waits for msync alone.  ConsumeQueue files, created on the append path, are made durable by
 the projection flush before it writes the checkpoint.
+
+The life cycle (lock, abort marker, flusher, cleaner, close) is the shell's,
+:mod:`evq.backends.shell`; this module supplies recovery, appends, reads and expiry.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import mmap
 import os
-import shutil
 import struct
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -42,31 +39,27 @@ from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
-from evq.backends.mmapfile.flush import Flusher
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
-from evq.backends.subscribers import DispatchSubscribers
+from evq.backends.shell import StoreShell
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
-    DispatchCallback,
     Dispatched,
     ExpiryReport,
     FlushMode,
     GetStatus,
     KeyQueryResult,
     LogClosed,
-    LogLocked,
-    MessageLog,
     ReadResult,
     ReplicationError,
     TagFilter,
     check_empty,
 )
-from evq.domain.message import decode_properties, host_bytes
+from evq.domain.message import decode_properties
 from evq.domain.record import TagsCodeFn, default_tags_code
 
 log = structlog.get_logger(__name__)
@@ -107,7 +100,7 @@ def _topic_of_dir(name: str) -> str:
     return name
 
 
-class MmapMessageLog(MessageLog):
+class MmapMessageLog(StoreShell):
     """Open (and recover) with :meth:`open`; see the module docstring for the layout."""
 
     def __init__(
@@ -117,20 +110,10 @@ class MmapMessageLog(MessageLog):
         clock: Clock,
         tags_code_fn: TagsCodeFn,
     ):
-        self.root = root
-        self.config = config
-        self._clock = clock
-        self._tags_code_fn = tags_code_fn
-        self._host = host_bytes(config.store_host)
-        self._max_record = rules.max_record_size(config)
-        self._put_lock = threading.RLock()
-        self._closed = False
-        self._last_store_ts = 0
-        self._subscribers = DispatchSubscribers()
+        super().__init__(root, config, clock, tags_code_fn)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._new_projection_files = durable_fs.PendingSyncs()
         self._dispatched = 0  # log offset up to which projections are applied
-        self._lock_fd = -1
         self._allocator = Allocator(warm=config.warm_segments,
                                     allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
         self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
@@ -139,9 +122,6 @@ class MmapMessageLog(MessageLog):
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator)
         self._checkpoint: Checkpoint | None = None
-        self._flusher: Flusher | None = None
-        self._cleaner: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # --- opening and recovery ------------------------------------------------------------
 
@@ -160,48 +140,23 @@ class MmapMessageLog(MessageLog):
         ``background=False`` runs no cleaner thread (tests drive :meth:`expire` themselves).
         """
         self = cls(Path(root), config or StoreConfig(), clock, tags_code_fn)
-        try:
-            self._open(background)
-        except BaseException:
-            self._release()
-            raise
+        self._start(background)
         return self
 
-    def _open(self, background: bool) -> None:
-        root = self.root
-        durable_fs.make_dirs(root)
-        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LogLocked(f"{root} is in use by another process") from None
-        abort = root / "abort"
-        abnormal = abort.exists()
-        self._checkpoint = Checkpoint(root / "checkpoint")
+    def _recover(self, abnormal: bool) -> tuple[int, int]:
+        self._checkpoint = Checkpoint(self.root / "checkpoint")
         self._log.load()
         self._load_consume_queues()
         self._index.load()
-        started = time.monotonic()
-        end, cut = self._recover(abnormal)
-        log.info(
-            "store_recovered", path=str(root), abnormal=abnormal, log_end=end, cut_bytes=cut,
-            queues=len(self._cqs), seconds=round(time.monotonic() - started, 3),
-        )
-        durable_fs.touch(abort)
+        return self._recover_log(abnormal)
+
+    def _prepare_appends(self) -> None:
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
         else:
             self._allocator.prefetch(last)
         self._index.prepare(self._clock.now_ms())
-        self._flusher = Flusher(
-            self.config, written=lambda: self.max_physical_offset, flush_log=self._flush_log,
-            flush_projections=self._flush_projections, durable=self.max_physical_offset,
-        )
-        if background:
-            self._cleaner = threading.Thread(target=self._clean_loop, name="evq-clean",
-                                             daemon=True)
-            self._cleaner.start()
 
     def _load_consume_queues(self) -> None:
         base = self.root / "consumequeue"
@@ -225,7 +180,7 @@ class MmapMessageLog(MessageLog):
         self._cqs[(topic, queue_id)] = cq
         return cq
 
-    def _recover(self, abnormal: bool) -> tuple[int, int]:
+    def _recover_log(self, abnormal: bool) -> tuple[int, int]:
         """Find the log end, cut what lies past it, and bring projections up to it.
 
         Normal shutdown: CRC-check the last three segments.  Crash: re-check from the last
@@ -476,17 +431,6 @@ class MmapMessageLog(MessageLog):
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
         rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]
 
-    def wait_durable(self, end_offset: int, timeout: float) -> bool:
-        return self._running_flusher().wait(end_offset, timeout)
-
-    def on_durable(self, end_offset: int, callback: Callable[[bool], None], timeout: float) -> None:
-        self._running_flusher().request(end_offset, callback, timeout)
-
-    def _running_flusher(self) -> Flusher:
-        if self._flusher is None:
-            raise LogClosed("the log is closed")
-        return self._flusher
-
     def _flush_log(self, target: int) -> int:
         """msync every segment holding bytes below ``target``; returns the durable end.
 
@@ -520,12 +464,6 @@ class MmapMessageLog(MessageLog):
             cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
             cp.physic_offset = durable
             cp.save()
-
-    def flush(self) -> None:
-        target = self.max_physical_offset
-        flusher = self._running_flusher()
-        flusher.durable = max(flusher.durable, self._flush_log(target))
-        self._flush_projections()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -624,16 +562,11 @@ class MmapMessageLog(MessageLog):
         return self._log.min_offset
 
     @property
-    def max_record_size(self) -> int:
-        return self._max_record
-
-    @property
     def max_physical_offset(self) -> int:
         return self._log.max_offset
 
-    @property
-    def durable_offset(self) -> int:
-        return self._flusher.durable if self._flusher else self.max_physical_offset
+    def _log_end(self) -> int:
+        return self._log.max_offset
 
     def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
         if self._closed:
@@ -711,9 +644,6 @@ class MmapMessageLog(MessageLog):
 
     # --- projections, expiry, lifecycle ---------------------------------------------------
 
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        return self._subscribers.subscribe(callback)
-
     def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
         now = self._clock.now_ms() if now_ms is None else now_ms
         keep_ms = self.config.file_reserved_hours * 3600 * 1000
@@ -736,42 +666,7 @@ class MmapMessageLog(MessageLog):
                      bytes=deleted, min_offset=log_min)
         return ExpiryReport(len(gone), deleted, log_min)
 
-    def disk_used_ratio(self) -> float:
-        usage = shutil.disk_usage(self.root)
-        return usage.used / usage.total if usage.total else 0.0
-
-    def clean_due(self, now_ms: int, disk_ratio: float) -> tuple[bool, bool]:
-        """See :func:`evq.backends.rules.clean_due`."""
-        return rules.clean_due(self.config, now_ms, disk_ratio)
-
-    def _clean_loop(self) -> None:
-        while not self._stop.wait(self.config.clean_interval_s):
-            try:
-                due, force = self.clean_due(self._clock.now_ms(), self.disk_used_ratio())
-                if due:
-                    self.expire(force=force)
-            except Exception:
-                log.exception("clean_failed")
-
-    def close(self) -> None:
-        with self._put_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.join()
-        if self._flusher is not None:
-            self._flusher.close()
-            self._flush_projections()
-            self._flusher = None
-        end = self.max_physical_offset
-        self._release()
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / "abort").unlink()
-        log.info("store_closed", path=str(self.root), log_end=end)
-
-    def _release(self) -> None:
+    def _release_files(self) -> None:
         self._allocator.close()
         for cq in self._cqs.values():
             cq.close()
@@ -779,6 +674,3 @@ class MmapMessageLog(MessageLog):
         self._log.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing drops the flock
-            self._lock_fd = -1
