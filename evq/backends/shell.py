@@ -15,7 +15,14 @@ What the shell owns::
 * the flusher (:class:`~evq.backends.flush.Flusher`): group commit under SYNC_FLUSH,
   periodic under ASYNC_FLUSH, over the backend's :meth:`StoreShell._flush_log` and
   :meth:`StoreShell._flush_projections`;
-* the cleaner thread, which expires the log per :func:`evq.backends.rules.clean_due`;
+* the service thread, which samples disk use every ``disk_check_interval_s`` (never per
+  message: ``statvfs`` of the store root) and expires the log per
+  :func:`evq.backends.rules.clean_due` every ``clean_interval_s``;
+* the disk guard (:mod:`evq.backends.disk`): above the warning level, or once an allocation
+  found no space, every put is refused (SERVICE_NOT_AVAILABLE) until a later sample finds
+  room again, without a restart.  Disk use is also sampled at open and whenever the log
+  starts a segment.  Reads go on throughout; :attr:`StoreShell.disk_status` tells the broker
+  why puts are refused;
 * closing: stop the services, flush a last time, release the backend's files
   (:meth:`StoreShell._release_files`) and the lock, and take the marker away.
 
@@ -37,12 +44,12 @@ from pathlib import Path
 import structlog
 
 from evq import durable_fs
-from evq.backends import rules
+from evq.backends import disk, rules
 from evq.backends.config import StoreConfig
 from evq.backends.flush import Flusher
 from evq.backends.subscribers import DispatchSubscribers
 from evq.domain.clock import Clock
-from evq.domain.log import DispatchCallback, LogClosed, LogLocked, MessageLog
+from evq.domain.log import DiskStatus, DispatchCallback, LogClosed, LogLocked, MessageLog
 from evq.domain.message import host_bytes
 from evq.domain.record import TagsCodeFn
 
@@ -72,8 +79,15 @@ class StoreShell(MessageLog):
         self._subscribers = DispatchSubscribers()
         self._lock_fd = -1
         self._flusher: Flusher | None = None
-        self._cleaner: threading.Thread | None = None
+        self._service: threading.Thread | None = None
         self._stop = threading.Event()
+        # The disk guard's state, changed under the put lock.  ``_refused`` is what appends
+        # read: the ratio's refusal, else the allocation's.
+        self._disk_ratio = 0.0
+        self._ratio_refused = ""
+        self._space_refused = ""
+        self._space_need = 0
+        self._refused = ""
 
     # --- what a backend supplies -----------------------------------------------------------
 
@@ -100,12 +114,17 @@ class StoreShell(MessageLog):
     def _release_files(self) -> None:
         """Close what the backend opened; called once, also after a failed open."""
 
+    def _allocate_again(self) -> None:
+        """Retry what an allocation that found no space left undone (under the put lock),
+        once the disk has room again; raises OSError if it still cannot."""
+
     # --- opening ---------------------------------------------------------------------------
 
     def _start(self, background: bool) -> None:
         """Lock, recover, mark open and start the services; on failure release everything.
 
-        ``background=False`` runs no cleaner thread (tests drive :meth:`expire` themselves).
+        ``background=False`` runs no service thread (tests drive :meth:`expire` themselves, and
+        disk use is sampled only at open and at new segments).
         """
         try:
             self._open_shell(background)
@@ -132,15 +151,16 @@ class StoreShell(MessageLog):
         )
         if self._persistent:
             durable_fs.touch(root / "abort")
+        self._check_disk()
         self._prepare_appends()
         self._flusher = Flusher(
             self.config, written=self._log_end, flush_log=self._flush_log,
             flush_projections=self._flush_projections, durable=self._log_end(),
         )
         if background:
-            self._cleaner = threading.Thread(target=self._clean_loop, name="evq-clean",
+            self._service = threading.Thread(target=self._service_loop, name="evq-store",
                                              daemon=True)
-            self._cleaner.start()
+            self._service.start()
 
     # --- durability ------------------------------------------------------------------------
 
@@ -171,21 +191,77 @@ class StoreShell(MessageLog):
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
         return self._subscribers.subscribe(callback)
 
-    # --- cleaning --------------------------------------------------------------------------
+    # --- disk guard and cleaning ----------------------------------------------------------
 
-    def disk_used_ratio(self) -> float:
-        usage = shutil.disk_usage(self.root if self.root.exists() else self.root.parent)
-        return usage.used / usage.total if usage.total else 0.0
+    @property
+    def disk_status(self) -> DiskStatus:
+        return DiskStatus(str(self.root), self._disk_ratio, self._refused)
 
-    def _clean_loop(self) -> None:
-        while not self._stop.wait(self.config.clean_interval_s):
+    def _usage(self) -> tuple[int, int, int]:
+        """``(total, used, free)`` bytes of the file system holding the store."""
+        path = self.root
+        while not path.exists():  # an in-memory store's directory may be gone
+            path = path.parent
+        return shutil.disk_usage(path)
+
+    def _note_usage(self) -> float:
+        """Sample disk use and refuse or take puts by the warning level; returns the ratio."""
+        total, used, _free = self._usage()
+        ratio = used / total if total else 0.0
+        with self._put_lock:
+            self._disk_ratio = ratio
+            self._ratio_refused = disk.ratio_refusal(self.config, ratio, self.root)
+            self._update_refused()
+        return ratio
+
+    def _check_disk(self) -> float:
+        """:meth:`_note_usage`, and once as much space is free as an allocation lacked, try it
+        again (:meth:`_allocate_again`): puts resume when it succeeds."""
+        ratio = self._note_usage()
+        if self._space_refused and self._usage()[2] >= self._space_need:
+            with self._put_lock:
+                if self._closed:
+                    return ratio
+                try:
+                    self._allocate_again()
+                except OSError as exc:
+                    if not disk.no_space(exc):
+                        raise
+                else:
+                    self._space_refused = ""
+                self._update_refused()
+        return ratio
+
+    def _found_no_space(self, path: Path, need: int, error: BaseException) -> None:
+        """An allocation (or write) of ``need`` bytes at ``path`` found no space: refuse puts
+        until that much is free and :meth:`_allocate_again` succeeds."""
+        with self._put_lock:
+            self._space_need = need
+            self._space_refused = disk.space_refusal(path, need, error)
+            self._update_refused()
+
+    def _update_refused(self) -> None:
+        refused = self._ratio_refused or self._space_refused
+        if refused and not self._refused:
+            log.warning("puts_refused", path=str(self.root), used_ratio=round(self._disk_ratio, 4),
+                        reason=refused)
+        elif self._refused and not refused:
+            log.info("puts_resumed", path=str(self.root), used_ratio=round(self._disk_ratio, 4))
+        self._refused = refused
+
+    def _service_loop(self) -> None:
+        cfg = self.config
+        next_clean = time.monotonic() + cfg.clean_interval_s
+        while not self._stop.wait(cfg.disk_check_interval_s):
             try:
-                due, force = rules.clean_due(self.config, self._clock.now_ms(),
-                                             self.disk_used_ratio())
-                if due:
-                    self.expire(force=force)
+                ratio = self._check_disk()
+                if time.monotonic() >= next_clean:
+                    next_clean = time.monotonic() + cfg.clean_interval_s
+                    due, force = rules.clean_due(cfg, self._clock.now_ms(), ratio)
+                    if due:
+                        self.expire(force=force)
             except Exception:
-                log.exception("clean_failed")
+                log.exception("store_service_failed")
 
     # --- closing ---------------------------------------------------------------------------
 
@@ -195,8 +271,8 @@ class StoreShell(MessageLog):
                 return
             self._closed = True
         self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.join()
+        if self._service is not None:
+            self._service.join()
         if self._flusher is not None:
             self._flusher.close()
             self._flush_projections()

@@ -295,7 +295,8 @@ class Broker:
         failed = [r for r in results if r.status is not PutStatus.PUT_OK]
         if failed:
             raise BrokerError(PUT_STATUS_CODES[failed[0].status],
-                              f"storing broker records failed: {failed[0].status.value}")
+                              f"storing broker records failed: "
+                              f"{self.refusal_remark(failed[0].status)}")
         if events:
             self.log.wait_durable(results[-1].end_offset, self.config.sync_flush_timeout_ms / 1000)
             self.catch_up()
@@ -500,6 +501,14 @@ class Broker:
         ):
             return attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
+
+    def refusal_remark(self, status: PutStatus) -> str:
+        """The remark a put the store refused is answered with.  A full disk says so, with its
+        ratio and path, where RocketMQ names the disk ratios."""
+        refused = self.log.disk_status.refused if status is PutStatus.SERVICE_NOT_AVAILABLE else ""
+        if refused:
+            return f"service not available now: {refused}"
+        return f"store put failed: {status.value}"
 
     def _check_writable(self) -> None:
         if self.config.is_slave:

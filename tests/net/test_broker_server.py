@@ -147,7 +147,10 @@ async def test_admin_topic_and_stats(tmp_path: Path) -> None:
         r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})
         assert r.body.count(b'"maxOffset":0') == 2
         r = await call(c, RequestCode.GET_BROKER_RUNTIME_INFO)
-        assert json.loads(r.body)["table"]["brokerVersionDesc"] == "V4_9_7"
+        table = json.loads(r.body)["table"]
+        assert table["brokerVersionDesc"] == "V4_9_7"
+        assert 0 < float(table["commitLogDiskRatio"]) < 1  # the data dir's disk, not 0.0
+        assert (table["evqPutsRefused"], table["evqPutsRefusedReason"]) == ("false", "")
         r = await call(c, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "A"})
         assert r.code == ResponseCode.SUCCESS
         r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})

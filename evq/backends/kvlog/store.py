@@ -166,6 +166,8 @@ class KeyedMessageLog(StoreShell):
         add = results.append
         with self._put_lock:
             driver = self._check_open()
+            if self._refused:  # the disk is full: see evq.backends.shell
+                return [AppendResult(PutStatus.SERVICE_NOT_AVAILABLE) for _ in records]
             if self._pending:  # local appends on a replica: its partial record is abandoned
                 log.warning("replicated_tail_dropped", at=self._end, bytes=len(self._pending))
                 self._pending.clear()
@@ -188,6 +190,7 @@ class KeyedMessageLog(StoreShell):
                 if not rules.fits(pos, n, seg):
                     put(Table.LOG, lay.log_key(end), rec.encode_blank(seg - pos))
                     end += seg - pos
+                    self._note_usage()  # a segment's worth written: as mmap samples
                 phys = end
                 flags = rules.stored_sysflag(r.sysflag, data)
                 buf = bytearray(data)

@@ -36,7 +36,7 @@ import structlog
 from evq import durable_fs
 from evq.backends import rules
 from evq.backends.config import StoreConfig
-from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
+from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import IndexService
@@ -361,6 +361,8 @@ class MmapMessageLog(StoreShell):
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
+            if self._refused:  # the disk is full: see evq.backends.shell
+                return AppendedBatch([REFUSED] * len(records), 0, self._host)
             now = self._clock.now_ms()
             # Store times never go backwards, so offset-for-time can binary search a queue.
             if now < self._last_store_ts:
@@ -388,6 +390,7 @@ class MmapMessageLog(StoreShell):
                     mf.wrote = seg
                     mf = self._log.new_segment(mf.end)
                     mm, start, pos = mf.mm, mf.start, 0
+                    self._note_usage()
                 phys = start + pos
                 mm[pos : pos + n] = data
                 if r.sysflag & _NO_QUEUE_ENTRY:
