@@ -1,4 +1,5 @@
-"""Disk space: when a store refuses puts, and how it knows a write found no space.
+"""Disk space: when a store refuses puts, how it knows a write found no space, and blocks
+allocated before a mapping is written.
 
 RocketMQ's watermarks, on the share of the store's file system in use (``used / total``, as
 Java's ``getTotalSpace`` and ``getFreeSpace`` give it, and as ``commitLogDiskRatio``
@@ -10,16 +11,25 @@ reports it)::
 The first two are the cleaner's (:func:`evq.backends.rules.clean_due`); the last is
 :func:`ratio_refusal`.  A store also refuses puts once an allocation found no space at all,
 whatever the ratio says (a file system smaller than a segment, another process filling it
-between samples): :func:`no_space` recognises that failure.  Pure functions; the store shell
+between samples): :func:`no_space` recognises that failure.  The store shell
 (:mod:`evq.backends.shell`) samples the disk and holds the state.
+
+Writes through a shared mapping must never be what finds the disk full: a store writing a
+page whose block the file system has yet to allocate takes a fault, and on a full file system
+that fault is SIGBUS, which kills the process with every in-flight send unanswered (and again
+at every restart that writes).  So every file a store maps for writing has its blocks
+allocated for real first (:func:`allocate_blocks`), where a full disk is an ``OSError``
+(ENOSPC) the store turns into refused puts.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from evq.backends.config import StoreConfig
+from evq.domain.log import LogError
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 WRITE_SLACK = 1024 * 1024
@@ -39,8 +49,9 @@ def ratio_refusal(config: StoreConfig, used_ratio: float, path: Path) -> str:
 
 def space_refusal(path: Path, need: int, error: BaseException) -> str:
     """Why puts are refused after an allocation of ``need`` bytes at ``path`` failed."""
-    return (f"disk full: no space for {need} bytes at {path} ({error}); puts are refused until "
-            f"space is freed")
+    why = getattr(error, "strerror", None) or str(error)
+    return (f"disk full: no space for {need} more bytes at {path} ({why}); puts are refused "
+            f"until space is freed")
 
 
 def failed_for_space(error: BaseException, need: int, free: int) -> bool:
@@ -59,3 +70,46 @@ def no_space(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+class AllocationUnsupported(LogError):
+    """The file system cannot allocate a file's blocks ahead of its writes."""
+
+
+class NoSpace(OSError):
+    """ENOSPC from :func:`allocate_blocks`: ``need`` more bytes were wanted at ``filename``."""
+
+    need: int = 0
+
+
+def allocate_blocks(fd: int, offset: int, length: int, path: Path) -> None:
+    """Allocate the blocks of ``[offset, offset + length)`` of the file open as ``fd``.
+
+    ``posix_fallocate`` reserves them without writing (glibc writes a byte a block where the
+    file system lacks ``fallocate``), so a later write through a mapping needs no space.
+    Raises :class:`NoSpace` naming ``path`` when the disk has no room, and
+    :class:`AllocationUnsupported` when the file system can do neither.
+
+    The free space is checked first: some file systems (ext4) keep what a failed
+    ``fallocate`` got before it ran out, which would leave the disk fuller than before.  The
+    blocks the file already has count as allocated from its start, as a store's files are
+    (a prefix is allocated, then written).
+    """
+    if length <= 0:
+        return
+    missing = offset + length - os.fstat(fd).st_blocks * 512
+    vfs = os.fstatvfs(fd)
+    try:
+        if missing > vfs.f_bavail * vfs.f_frsize:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            full = NoSpace(exc.errno, f"{exc.strerror} (allocating {length} bytes)", str(path))
+            full.need = max(missing, 0)
+            raise full from exc
+        raise AllocationUnsupported(
+            f"cannot allocate the blocks of {path} ({exc.strerror}): evq writes its store "
+            f"through mappings and needs their blocks allocated first (posix_fallocate), so "
+            f"that a full disk is refused puts rather than SIGBUS"
+        ) from exc

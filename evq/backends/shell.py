@@ -150,7 +150,7 @@ class StoreShell(MessageLog):
             queues=len(self.queues()), seconds=round(time.monotonic() - started, 3),
         )
         if self._persistent:
-            durable_fs.touch(root / "abort")
+            self._mark_open(root / "abort")
         self._check_disk()
         self._prepare_appends()
         self._flusher = Flusher(
@@ -161,6 +161,17 @@ class StoreShell(MessageLog):
             self._service = threading.Thread(target=self._service_loop, name="evq-store",
                                              daemon=True)
             self._service.start()
+
+    def _mark_open(self, marker: Path) -> None:
+        """Put the abort marker down.  On a full disk the store opens without it, with a
+        warning: a crash of this run is then recovered as a clean shutdown would be (the
+        last segments checked), which is still better than not serving at all."""
+        try:
+            durable_fs.touch(marker)
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("abort_marker_not_written", path=str(marker), error=str(exc))
 
     # --- durability ------------------------------------------------------------------------
 
@@ -232,12 +243,16 @@ class StoreShell(MessageLog):
                 self._update_refused()
         return ratio
 
-    def _found_no_space(self, path: Path, need: int, error: BaseException) -> None:
-        """An allocation (or write) of ``need`` bytes at ``path`` found no space: refuse puts
-        until that much is free and :meth:`_allocate_again` succeeds."""
+    def _found_no_space(self, error: BaseException, need: int | None = None) -> None:
+        """An allocation (or a write of ``need`` bytes) found no space: refuse puts until
+        that much is free and :meth:`_allocate_again` succeeds.  An allocation's error says
+        where and how much (:class:`evq.backends.disk.NoSpace`)."""
+        if need is None:
+            need = error.need if isinstance(error, disk.NoSpace) else disk.WRITE_SLACK
+        filename = getattr(error, "filename", None)
         with self._put_lock:
             self._space_need = need
-            self._space_refused = disk.space_refusal(path, need, error)
+            self._space_refused = disk.space_refusal(Path(filename or self.root), need, error)
             self._update_refused()
 
     def _update_refused(self) -> None:
@@ -285,7 +300,9 @@ class StoreShell(MessageLog):
         log.info("store_closed", path=str(self.root), log_end=end)
 
     def _release(self) -> None:
-        self._release_files()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing drops the flock
-            self._lock_fd = -1
+        try:
+            self._release_files()
+        finally:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # closing drops the flock
+                self._lock_fd = -1

@@ -37,10 +37,10 @@ from pathlib import Path
 import attrs
 import structlog
 
-from evq.backends import rules
+from evq.backends import disk, rules
 from evq.backends.config import StoreConfig
 from evq.backends.kvlog import layout as lay
-from evq.backends.kvlog.driver import Batch, Driver, Reader
+from evq.backends.kvlog.driver import Batch, Driver, DriverError, Reader
 from evq.backends.kvlog.layout import Table
 from evq.backends.shell import StoreShell
 from evq.backends.time_samples import TimeSamples
@@ -222,7 +222,15 @@ class KeyedMessageLog(StoreShell):
                 add(AppendResult(PutStatus.PUT_OK, phys, n, max(qo, 0), now, host))
             if end == self._end:
                 return results
-            self._commit(batch, end, nexts, {}, index_last)
+            try:
+                self._commit(batch, end, nexts, {}, index_last)
+            except DriverError as exc:  # nothing of the batch was written: it is atomic
+                need = end - self._end
+                if not disk.failed_for_space(exc, need, self._usage()[2]):
+                    raise
+                self._found_no_space(exc, 2 * need + disk.WRITE_SLACK)
+                return [AppendResult(PutStatus.SERVICE_NOT_AVAILABLE)
+                        if r.status is PutStatus.PUT_OK else r for r in results]
             if notify:
                 self._subscribers.notify(notify)
         return results
@@ -626,7 +634,11 @@ class KeyedMessageLog(StoreShell):
     def _release_files(self) -> None:
         if self._driver is not None:
             driver, self._driver = self._driver, None
-            driver.close()
+            try:
+                driver.close()
+            except DriverError as exc:  # RocksDB refuses even to close once its WAL found
+                # the disk full; what it acknowledged is in the WAL, which its next open reads
+                log.error("store_close_failed", path=str(self.root), error=str(exc))
 
 
 def _pull_prefix(entries: list[rules.Entry], max_count: int, max_bytes: int) -> list[int]:

@@ -9,7 +9,9 @@ queue (queue offset *n*) sits at byte ``20 * n`` of the logical file::
         12     8  tags code (hash of TAGS; the delivery time in SCHEDULE_TOPIC_XXXX)
 
 A zero size marks an entry never written.  Positions before the first entry of a queue that
-started late (after expiry or truncation) hold blank entries: offset 0, size 2**31-1.
+started late (after expiry or truncation) hold blank entries: offset 0, size 2**31-1.  A file
+is allocated a chunk ahead of its last entry (:meth:`MappedFile.reserve`), never written
+where it is not.
 """
 
 from __future__ import annotations
@@ -48,12 +50,23 @@ class ConsumeQueue:
 
     # --- writing (dispatch) ---------------------------------------------------------------
 
+    def prepare(self, queue_offset: int) -> None:
+        """Make the file (and chunk) entry ``queue_offset`` goes into ready, so that its
+        :meth:`put` cannot fail; raises ``OSError`` (ENOSPC) when the disk has no room.  The
+        append path calls this before it writes the record the entry will name."""
+        mf = self._last
+        pos = queue_offset * ENTRY_SIZE
+        if mf is None or not 0 <= pos - mf.start < mf.allocated:
+            self._segment_for(pos)
+
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
         """Write entry ``queue_offset``; rewriting an existing entry is allowed (recovery
-        re-dispatch writes the same values again)."""
+        re-dispatch writes the same values again).  Raises ``OSError`` (ENOSPC) and writes
+        nothing when the disk has no room for the entry's file or its next chunk (never after
+        :meth:`prepare`)."""
         pos = queue_offset * ENTRY_SIZE
         mf = self._last
-        if mf is None or not mf.start <= pos < mf.end:
+        if mf is None or not 0 <= pos - mf.start < mf.allocated:
             mf = self._segment_for(pos)
         rel = pos - mf.start
         _pack_entry(mf.mm, rel, physical_offset, size, tags_code)
@@ -68,11 +81,13 @@ class ConsumeQueue:
             self.min_offset = pos // ENTRY_SIZE
         while files.files[-1].end <= pos:
             last = files.files[-1]
+            last.reserve(last.size)
             _fill_blanks(last, last.size)
             files.new_segment(last.end)
         mf = files.find(pos)
         if mf is None:
             raise IndexError(f"queue offset {pos // ENTRY_SIZE} is below this queue's files")
+        mf.reserve(pos - mf.start + ENTRY_SIZE)
         _fill_blanks(mf, pos - mf.start)
         if mf is files.files[-1]:
             self._last = mf
@@ -189,7 +204,7 @@ def _fill_blanks(mf: MappedFile, upto: int) -> None:
 
 
 def _written_prefix(mf: MappedFile) -> int:
-    n = mf.size // ENTRY_SIZE
+    n = mf.allocated // ENTRY_SIZE  # past a hole nothing was written (nor may be read)
     lo, hi = 0, n
     mm = mf.mm
     while lo < hi:

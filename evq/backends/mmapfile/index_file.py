@@ -19,6 +19,9 @@ mapping, after the entries and the slots; recovery re-dispatch skips offsets bel
 endPhyOffset.  Entries past ``indexCount`` are zero, except those a process killed in the
 middle of a put wrote: opening the file points their slots back at counted entries.
 
+A file's header and slots are allocated when it is created, its entries a chunk ahead of the
+writer (:meth:`~evq.backends.mmapfile.mapped_file.MappedFile.reserve`).
+
 Slots are little-endian where RocketMQ's are big-endian: every put reads and writes two of
 them at random places, and a native ``int`` view of the slot area does that in half the time
 ``struct`` calls take (the index is evq's own: its hash already differs from RocketMQ's).
@@ -70,14 +73,19 @@ class IndexFile:
         self.max_entries = max_entries
         self.base = HEADER_SIZE + slots * SLOT_SIZE  # where entry 0 sits
         size = index_file_size(slots, max_entries)
-        self.file = file if file is not None else MappedFile(path, 0, size, create=create)
+        if file is None:
+            file = MappedFile(path, 0, size, create=create, allocate=self.base if create else 0)
+        self.file = file
         self.file.advise_random()
         self.slot = memoryview(self.file.mm)[HEADER_SIZE : self.base].cast("i")
+        self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
+        self.slots_used, self.count = 0, 1
         if create:
+            self.file.reserve(self.base)
             prefault(self.file.mm, self.base)  # slots are written at random
-            self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
-            self.slots_used, self.count = 0, 1
             self._write_header()
+        elif self.file.allocated < HEADER_SIZE:
+            pass  # never set up (no space for it): empty; its first put allocates and writes
         else:
             (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.slots_used,
              self.count) = HEADER.unpack_from(self.file.mm, 0)
@@ -110,7 +118,8 @@ class IndexFile:
         unrelated one, so the slots go back to their counted heads and the entries to zero."""
         mm, slot = self.file.mm, self.slot
         end = self.count
-        while end < self.max_entries:
+        readable = (self.file.allocated - self.base) // ENTRY_SIZE  # never read a hole
+        while end < min(self.max_entries, readable):
             entry = ENTRY.unpack_from(mm, self.base + end * ENTRY_SIZE)
             if not any(entry):
                 break
@@ -129,12 +138,18 @@ class IndexFile:
         items were indexed completely (the caller moves the rest to a new file).
 
         This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
-        appended batch, so the loop keeps everything in locals.  Each entry is written before
+        appended batch, so the loop keeps everything in locals.  Raises ``OSError`` (ENOSPC)
+        and indexes nothing when the disk has no room for the entries.  Each entry is written before
         the slot that names it and the header counts them last: a process killed anywhere
         leaves every chain reachable.
         """
         mm, slot, slots, base = self.file.mm, self.slot, self.slots, self.base
         count = self.count
+        wanted = 0
+        for hashes, _ in items:
+            wanted += len(hashes)
+        # Header, slots and every entry this put may write, allocated before any is written.
+        self.file.reserve(base + min(self.max_entries, count + wanted) * ENTRY_SIZE)
         room = self.max_entries - count
         if count == 1:
             self.begin_ts, self.begin_phys = store_ts, items[0][1]
@@ -290,8 +305,9 @@ class IndexService:
         if self.files and self.files[-1].count < self._spare_at:
             return
         self._spare = self._free_path(now_ms)
+        head = HEADER_SIZE + self.slots * SLOT_SIZE
         self._allocator.build(self._spare, 0, index_file_size(self.slots, self.max_entries),
-                              warm=HEADER_SIZE + self.slots * SLOT_SIZE)
+                              warm=head, allocate=head)
 
     def _free_path(self, ms: int) -> Path:
         """A file name after every existing one (names are creation times)."""
@@ -305,7 +321,8 @@ class IndexService:
         mf = None
         if self._allocator is not None:
             size = index_file_size(self.slots, self.max_entries)
-            mf = self._allocator.take(path, 0, size, successor=False)
+            mf = self._allocator.take(path, 0, size, successor=False,
+                                      allocate=HEADER_SIZE + self.slots * SLOT_SIZE)
         f = IndexFile(path, self.slots, self.max_entries, create=True, file=mf)
         self.files.append(f)
         return f

@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 
 from evq import durable_fs
-from evq.backends import rules
+from evq.backends import disk, rules
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
@@ -151,12 +151,26 @@ class MmapMessageLog(StoreShell):
         return self._recover_log(abnormal)
 
     def _prepare_appends(self) -> None:
+        """A segment to append to, allocated a chunk past its end (whatever was written
+        before is allocated, so a full disk needs no more space for the store to open).  On a
+        full disk the store opens and serves reads: puts are refused until
+        :meth:`_allocate_again` succeeds."""
+        try:
+            self._allocate_again()
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("store_opened_on_full_disk", path=str(self.root), error=str(exc))
+            self._found_no_space(exc)
+        self._index.prepare(self._clock.now_ms())
+
+    def _allocate_again(self) -> None:
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
         else:
+            last.reserve(last.wrote + rec.BLANK_SIZE)
             self._allocator.prefetch(last)
-        self._index.prepare(self._clock.now_ms())
 
     def _load_consume_queues(self) -> None:
         base = self.root / "consumequeue"
@@ -222,7 +236,7 @@ class MmapMessageLog(StoreShell):
         dispatch_from = min(covered, index_covered, flushed) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
-            mf.wrote = mf.flushed = mf.size
+            mf.wrote = mf.flushed = mf.allocated  # (never reading a hole: see mapped_file)
         end = self._scan(scan_from, dispatch_from=dispatch_from,
                          check_crc=self.config.check_crc_on_recover)
         cut = self._cut(end)
@@ -230,6 +244,8 @@ class MmapMessageLog(StoreShell):
         return end, cut
 
     def _first_store_ts(self, mf: MappedFile) -> int:
+        if mf.allocated < rec.MIN_RECORD_SIZE:  # nothing written (and a hole to read)
+            return -1
         size, magic = rec.peek(mf.mm, 0)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return -1
@@ -262,6 +278,8 @@ class MmapMessageLog(StoreShell):
             if mf is None:
                 break
             rel = pos - mf.start
+            if rel + rec.BLANK_SIZE > mf.wrote:
+                break
             size, magic = rec.peek(mf.mm, rel)
             if rules.is_padding(size, magic, pos, mf.size):
                 pos = mf.end
@@ -374,62 +392,90 @@ class MmapMessageLog(StoreShell):
             store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
             min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
             fits = seg - rec.BLANK_SIZE  # a record must leave room for the BLANK after it
+            room = min(fits, mf.allocated - rec.BLANK_SIZE)  # and that BLANK is allocated
             notify: list[Dispatched] | None = [] if self._subscribers else None
             indexed: list[tuple[tuple[int, ...], int]] = []
             pack_offsets = _OFFSETS.pack_into
             add, add_indexed = places.append, indexed.append
-            for r in records:
-                data = r.data
-                n = len(data)
-                if not min_size <= n <= limit:
-                    add(ILLEGAL)
-                    continue
-                if pos + n > fits:
-                    if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end has no room
-                        _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
-                    mf.wrote = seg
-                    mf = self._log.new_segment(mf.end)
-                    mm, start, pos = mf.mm, mf.start, 0
-                    self._note_usage()
-                phys = start + pos
-                mm[pos : pos + n] = data
-                if r.sysflag & _NO_QUEUE_ENTRY:
-                    qo = 0
-                    cq = None
-                else:
-                    key = (r.topic, r.queue_id)
-                    cq = cqs.get(key) or self._new_cq(*key)
-                    qo = cq.next_offset
-                    cq.next_offset = qo + 1
-                # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
-                # the encoder), and decide where the store fields are patched.
-                v6 = data[39] & _HOST_V6
-                if v6:
-                    self._patch_store_fields(mm, pos, v6, now)
-                else:
-                    mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
-                # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
-                # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
-                pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
-                pos += n
-                mf.wrote = pos
-                if cq is not None:
-                    cq.put(qo, phys, n, r.tags_code)
-                    if notify is not None:
-                        notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
-                                                 now, r.sysflag & ~_HOST_V6 | v6))
-                hashes = r.key_hashes
-                if hashes:
-                    add_indexed((hashes, phys))
-                add((phys, n, qo))
+            try:
+                for r in records:
+                    data = r.data
+                    n = len(data)
+                    if not min_size <= n <= limit:
+                        add(ILLEGAL)
+                        continue
+                    if pos + n > room:
+                        if pos + n > fits:
+                            if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end: none
+                                _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
+                            mf.wrote = pos = seg
+                            mf = self._log.new_segment(mf.end)
+                            mm, start, pos = mf.mm, mf.start, 0
+                            self._note_usage()
+                        # Allocated before a byte of the record is written (or OSError).
+                        mf.reserve(pos + n + rec.BLANK_SIZE)
+                        room = min(fits, mf.allocated - rec.BLANK_SIZE)
+                    if r.sysflag & _NO_QUEUE_ENTRY:
+                        qo = 0
+                        cq = None
+                    else:
+                        key = (r.topic, r.queue_id)
+                        cq = cqs.get(key) or self._new_cq(*key)
+                        qo = cq.next_offset
+                        cq.prepare(qo)  # may find no space: before any of the record is written
+                        cq.next_offset = qo + 1
+                    phys = start + pos
+                    mm[pos : pos + n] = data
+                    # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
+                    # the encoder), and decide where the store fields are patched.
+                    v6 = data[39] & _HOST_V6
+                    if v6:
+                        self._patch_store_fields(mm, pos, v6, now)
+                    else:
+                        mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
+                    # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
+                    # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
+                    pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
+                    pos += n
+                    mf.wrote = pos
+                    if cq is not None:
+                        cq.put(qo, phys, n, r.tags_code)
+                        if notify is not None:
+                            notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
+                                                     now, r.sysflag & ~_HOST_V6 | v6))
+                    hashes = r.key_hashes
+                    if hashes:
+                        add_indexed((hashes, phys))
+                    add((phys, n, qo))
+            except OSError as exc:
+                if not disk.no_space(exc):
+                    raise
+                # The disk is full.  Whatever can fail (a segment or its next chunk, a queue's
+                # file or chunk) is allocated before a record is written, so the records
+                # appended so far stay whole and the rest are refused, as is every put until
+                # there is room again (see evq.backends.shell).
+                self._found_no_space(exc)
+                places += [REFUSED] * (len(records) - len(places))
             if indexed:
-                self._index.put(indexed, now)
+                self._put_index(indexed, now)
             self._dispatched = start + pos
             if start + pos >= self._warm_at:
                 self._warm_at = self._allocator.warm_ahead(mf, pos)
             if notify:
                 self._subscribers.notify(notify)
         return AppendedBatch(places, now, host)
+
+    def _put_index(self, indexed: list[tuple[tuple[int, ...], int]], now: int) -> None:
+        """Index appended records.  The index is the one projection a full disk may cost
+        entries (RocketMQ's too): the records are stored and acknowledged by then, so a
+        lookup by key misses them, and puts are refused until there is room."""
+        try:
+            self._index.put(indexed, now)
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("index_entries_dropped", records=len(indexed), error=str(exc))
+            self._found_no_space(exc)
 
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
         rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]
@@ -590,11 +636,14 @@ class MmapMessageLog(StoreShell):
                     f"replicated bytes start at {physical_offset}, this log ends at {end}"
                 )
             view = memoryview(data)
+            if not self._log.files:  # its first segment found no space when the store opened
+                self._log.new_segment(end - end % self.config.commitlog_segment_size)
             while view:
                 mf = self._log.files[-1]
                 if mf.wrote == mf.size:
                     mf = self._log.new_segment(mf.end)
                 n = min(len(view), mf.size - mf.wrote)
+                mf.reserve(mf.wrote + n)  # a full disk: OSError, and the slave asks again
                 mf.mm[mf.wrote : mf.wrote + n] = view[:n]
                 mf.wrote += n
                 view = view[n:]
