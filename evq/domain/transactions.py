@@ -196,7 +196,8 @@ class TransactionService:
         if times >= b.config.transaction_check_max:
             b.ensure_topic(tp.TRANS_CHECK_MAX_TIME_TOPIC)
             moved = attrs.evolve(half, topic=tp.TRANS_CHECK_MAX_TIME_TOPIC, queue_id=0)
-            b.store([moved])
+            if b.store([moved])[0].status is not PutStatus.PUT_OK:
+                return "wait"  # not stored (a full disk): the next pass tries again
             log.warning("transaction_discarded", half_offset=half.queue_offset, checks=times)
             return "discarded"
         if now - half.store_timestamp > b.config.file_reserved_hours * 3_600_000:
@@ -212,6 +213,8 @@ class TransactionService:
         props.setdefault(Prop.TRAN_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
         copy = attrs.evolve(half, properties=props)
         (stored,) = b.store([copy])
+        if stored.status is not PutStatus.PUT_OK:
+            return "wait"  # not re-put (a full disk): the pass stops here, the next one asks
         copy.queue_offset, copy.commit_log_offset = stored.queue_offset, stored.physical_offset
         group = props.get(Prop.PGROUP, "")
         if self.port is None or not self.port.check_back(group, copy):
