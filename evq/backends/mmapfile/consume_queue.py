@@ -46,6 +46,10 @@ class ConsumeQueue:
                                      random_access=True, pending=pending)
         self.min_offset = 0
         self._last: MappedFile | None = None
+        self.ready_below = 0
+        """Queue offsets from the last file's start up to this one :meth:`put` writes without
+        allocating: the append path calls :meth:`prepare` only for an offset past it (its
+        next offset never lies before the last file)."""
         self._times = TimeSamples()
 
     # --- writing (dispatch) ---------------------------------------------------------------
@@ -90,8 +94,12 @@ class ConsumeQueue:
         mf.reserve(pos - mf.start + ENTRY_SIZE)
         _fill_blanks(mf, pos - mf.start)
         if mf is files.files[-1]:
-            self._last = mf
+            self._set_last(mf)
         return mf
+
+    def _set_last(self, mf: MappedFile | None) -> None:
+        self._last = mf
+        self.ready_below = (mf.start + mf.allocated) // ENTRY_SIZE if mf is not None else 0
 
     # --- reading --------------------------------------------------------------------------
 
@@ -132,7 +140,7 @@ class ConsumeQueue:
             if mf.wrote < mf.size:
                 break
         if self.files.files:
-            self._last = self.files.files[-1]
+            self._set_last(self.files.files[-1])
             self.min_offset = self.files.files[0].start // ENTRY_SIZE
 
     def truncate_to_log(self, log_end: int) -> None:
@@ -149,7 +157,7 @@ class ConsumeQueue:
 
     def truncate(self, queue_offset: int) -> None:
         self.files.truncate(queue_offset * ENTRY_SIZE)
-        self._last = self.files.last()
+        self._set_last(self.files.last())
         self.min_offset = min(self.min_offset, queue_offset)
         self._times.clear()
 
@@ -193,7 +201,7 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
-        self._last = None
+        self._set_last(None)
 
 
 

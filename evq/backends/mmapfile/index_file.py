@@ -138,19 +138,16 @@ class IndexFile:
         items were indexed completely (the caller moves the rest to a new file).
 
         This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
-        appended batch, so the loop keeps everything in locals.  Raises ``OSError`` (ENOSPC)
-        and indexes nothing when the disk has no room for the entries.  Each entry is written before
+        appended batch, so the loop keeps everything in locals.  Each entry is written before
         the slot that names it and the header counts them last: a process killed anywhere
-        leaves every chain reachable.
+        leaves every chain reachable.  An item's entries are allocated before any is written
+        (a chunk ahead); when the disk has no room this raises ``OSError`` (ENOSPC), the items
+        before it indexed and counted.
         """
         mm, slot, slots, base = self.file.mm, self.slot, self.slots, self.base
         count = self.count
-        wanted = 0
-        for hashes, _ in items:
-            wanted += len(hashes)
-        # Header, slots and every entry this put may write, allocated before any is written.
-        self.file.reserve(base + min(self.max_entries, count + wanted) * ENTRY_SIZE)
         room = self.max_entries - count
+        allocated = (self.file.allocated - base) // ENTRY_SIZE  # entries whose blocks exist
         if count == 1:
             self.begin_ts, self.begin_phys = store_ts, items[0][1]
         diff = (store_ts - self.begin_ts) // 1000
@@ -158,25 +155,31 @@ class IndexFile:
             diff = 0 if diff < 0 else MAX_TIME_DIFF
         pack_entry = ENTRY.pack_into
         done = used = 0
-        for hashes, phys in items:
-            room -= len(hashes)
-            if room < 0:
-                break
-            for h in hashes:
-                s = h % slots
-                head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
-                if not head:
-                    used += 1
-                pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
-                slot[s] = count
-                count += 1
-            done += 1
-        if done:
-            self.count = count
-            self.slots_used += used
-            self.end_ts = store_ts
-            self.end_phys = items[done - 1][1]
-            self._write_header()
+        try:
+            for hashes, phys in items:
+                n = len(hashes)
+                room -= n
+                if room < 0:
+                    break
+                if count + n > allocated:
+                    self.file.reserve(base + (count + n) * ENTRY_SIZE)
+                    allocated = (self.file.allocated - base) // ENTRY_SIZE
+                for h in hashes:
+                    s = h % slots
+                    head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
+                    if not head:
+                        used += 1
+                    pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
+                    slot[s] = count
+                    count += 1
+                done += 1
+        finally:
+            if done:
+                self.count = count
+                self.slots_used += used
+                self.end_ts = store_ts
+                self.end_phys = items[done - 1][1]
+                self._write_header()
         return done
 
     def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:

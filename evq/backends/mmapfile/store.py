@@ -422,7 +422,8 @@ class MmapMessageLog(StoreShell):
                         key = (r.topic, r.queue_id)
                         cq = cqs.get(key) or self._new_cq(*key)
                         qo = cq.next_offset
-                        cq.prepare(qo)  # may find no space: before any of the record is written
+                        if qo >= cq.ready_below:  # may find no space: before the record
+                            cq.prepare(qo)
                         cq.next_offset = qo + 1
                     phys = start + pos
                     mm[pos : pos + n] = data
