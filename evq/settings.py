@@ -74,7 +74,6 @@ ALIASES = {
     "flushIntervalCommitLog": "flush_interval_ms",
     "flushCommitLogLeastPages": "flush_least_pages",
     "syncFlushTimeout": "sync_flush_timeout_ms",
-    "diskMaxUsedSpaceRatio": "disk_max_used_ratio",
     "transactionTimeOut": "transaction_timeout_ms",
     "transactionCheckInterval": "transaction_check_interval_ms",
     "brokerPermission": "broker_permission",

@@ -26,6 +26,8 @@ def test_a_rocketmq_broker_conf_is_accepted(tmp_path: Path) -> None:
         "deleteWhen = 04\nfileReservedTime = 48\nbrokerRole = SLAVE\n"
         "flushDiskType = SYNC_FLUSH\nlistenPort=20911\nnamesrvAddr=127.0.0.1:9876;h:9877\n"
         "autoCreateTopicEnable=false\n"
+        "diskMaxUsedSpaceRatio=80\ndiskSpaceCleanForciblyRatio=0.8\n"
+        "diskSpaceWarningLevelRatio=0.95\n"
     )
     s = load(config_file=conf, env={})
     assert s.broker.broker_name == "broker-b" and s.broker.broker_role is BrokerRole.SLAVE
@@ -34,6 +36,8 @@ def test_a_rocketmq_broker_conf_is_accepted(tmp_path: Path) -> None:
     assert s.net.namesrv_list == ["127.0.0.1:9876", "h:9877"]
     assert s.broker.auto_create_topic_enable is False
     assert s.broker.store_host == ("127.0.0.1", 20911)
+    assert (s.store.disk_max_used_space_ratio, s.store.disk_space_clean_forcibly_ratio,
+            s.store.disk_space_warning_level_ratio) == (80, 0.8, 0.95)
 
 
 def test_later_sources_win(tmp_path: Path) -> None:

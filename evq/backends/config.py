@@ -31,8 +31,12 @@ class StoreConfig:
     check_crc_on_recover: bool = True  # checkCRCOnRecover
     file_reserved_hours: float = 72  # fileReservedTime
     delete_when: str = "04"  # deleteWhen: hours of the day, ';'-separated
-    disk_max_used_ratio: float = 0.75  # diskMaxUsedSpaceRatio
-    disk_force_clean_ratio: float = 0.85  # diskSpaceCleanForciblyRatio
+    # Disk watermarks (see evq.backends.disk): the share of the store's file system in use
+    # past which expired files go early, the oldest go even unexpired, and puts are refused.
+    disk_max_used_space_ratio: int = 75  # diskMaxUsedSpaceRatio, percent
+    disk_space_clean_forcibly_ratio: float = 0.85  # rocketmq.broker.diskSpaceCleanForciblyRatio
+    disk_space_warning_level_ratio: float = 0.90  # rocketmq.broker.diskSpaceWarningLevelRatio
+    disk_check_interval_s: float = 1.0  # evq: how often disk use is sampled
     clean_interval_s: float = 10.0  # cleanResourceInterval
     warm_segments: bool = True  # warmMapedFileEnable, done off the hot path here
 
@@ -41,6 +45,14 @@ class StoreConfig:
             raise ValueError("commitlog_segment_size must be at least 4096 bytes")
         if self.consume_queue_entries < 1 or self.index_slots < 1 or self.index_entries < 2:
             raise ValueError("consume queue and index sizes must be positive")
+        if not 0 < self.disk_max_used_space_ratio <= 100:
+            raise ValueError("disk_max_used_space_ratio is a percentage, 1 to 100")
+        if not (0 < self.disk_space_clean_forcibly_ratio <= 1
+                and 0 < self.disk_space_warning_level_ratio <= 1):
+            raise ValueError("disk_space_clean_forcibly_ratio and disk_space_warning_level_ratio "
+                             "are fractions of the disk, above 0 and at most 1")
+        if self.disk_check_interval_s <= 0:
+            raise ValueError("disk_check_interval_s must be positive")
 
     def delete_hours(self) -> frozenset[int]:
         return frozenset(int(h) for h in self.delete_when.split(";") if h.strip())

@@ -347,6 +347,7 @@ def clean_due(config: StoreConfig, now_ms: int, disk_ratio: float) -> tuple[bool
     use passes the high watermark, and the oldest files even unexpired past the
     forcible-clean ratio."""
     hour = time.localtime(now_ms / 1000).tm_hour
-    force = disk_ratio >= config.disk_force_clean_ratio
-    due = force or disk_ratio >= config.disk_max_used_ratio or hour in config.delete_hours()
+    force = disk_ratio >= config.disk_space_clean_forcibly_ratio
+    due = (force or disk_ratio >= config.disk_max_used_space_ratio / 100
+           or hour in config.delete_hours())
     return due, force

@@ -42,6 +42,7 @@ from evq.domain.metadata import (
     Change,
     MetadataState,
     MetadataStore,
+    MetadataWriteError,
     MetaEvent,
     OffsetKey,
     Table,
@@ -182,9 +183,9 @@ class Broker:
         # consumers lock again within their 20 s renewal.
         self.locks = RebalanceLockManager(clock=clock,
                                           max_live_s=self.config.lock_max_live_ms / 1000)
+        self._unsaved: list[Change] = []  # applied here, refused by the metadata store
         self._project()
-        if not self.config.is_slave:
-            self._create_system_topics()
+        self._system_topics_missing = not self.config.is_slave and not self._create_system_topics()
 
     # --- metadata: events in, projection out -------------------------------------------------
 
@@ -198,6 +199,7 @@ class Broker:
             self._offsets.clear()
             self._dirty.clear()
             self._pending_resets.clear()
+            self._unsaved.clear()
             self.catch_up()
             self._offsets.update(self._state.offsets)
 
@@ -254,9 +256,26 @@ class Broker:
                         self._follow_offsets(applied_changes)
                         changes += applied_changes
                     w = Watermark(qo + 1, m.commit_log_offset + len(view))
-                self._meta.commit(changes, w)
+                self._save(changes, w)
                 self._watermark = w
                 applied += len(r.records)
+
+    def _save(self, changes: Sequence[Change], watermark: Watermark) -> None:
+        """Commit ``changes`` to the metadata store, with any it refused before.  A refusal
+        (its disk is full) costs nothing: the state here has them, the log holds their
+        events, and the next commit that succeeds (a later event, or the tick) writes them
+        all; the broker starts and serves meanwhile."""
+        pending = [*self._unsaved, *changes]
+        try:
+            self._meta.commit(pending, watermark)
+        except MetadataWriteError as exc:
+            if not self._unsaved:
+                log.warning("metadata_commit_deferred", error=str(exc))
+            self._unsaved = pending
+            return
+        if self._unsaved:
+            log.info("metadata_commit_resumed", changes=len(pending))
+        self._unsaved = []
 
     def _follow_offsets(self, changes: Sequence[Change]) -> None:
         """Offsets applied from the log reach the live table unless a newer commit is pending
@@ -295,7 +314,8 @@ class Broker:
         failed = [r for r in results if r.status is not PutStatus.PUT_OK]
         if failed:
             raise BrokerError(PUT_STATUS_CODES[failed[0].status],
-                              f"storing broker records failed: {failed[0].status.value}")
+                              f"storing broker records failed: "
+                              f"{self.refusal_remark(failed[0].status)}")
         if events:
             self.log.wait_durable(results[-1].end_offset, self.config.sync_flush_timeout_ms / 1000)
             self.catch_up()
@@ -320,7 +340,10 @@ class Broker:
         """A message being sent has no store time yet; the log stamps about now."""
         return self._code(topic, props, self.clock.now_ms())
 
-    def _create_system_topics(self) -> None:
+    def _create_system_topics(self) -> bool:
+        """Create the system topics the broker needs; False if the store refused them (a
+        full disk at start-up: the broker starts all the same, serves reads, and the tick
+        creates them once the disk takes writes)."""
         levels = self.delay_levels.max_level
         wanted = [
             tp.TopicConfig(topic_name=tp.SCHEDULE_TOPIC, read_queue_nums=levels,
@@ -334,7 +357,15 @@ class Broker:
                                          write_queue_nums=n, perm=tp.PERM_RW | tp.PERM_INHERIT))
         missing = [t for t in wanted if t.topic_name not in self._state.topics]
         if missing:
-            self.record_events([topic_put(t) for t in missing])
+            try:
+                self.record_events([topic_put(t) for t in missing])
+            except BrokerError as exc:
+                if exc.code is not ResponseCode.SERVICE_NOT_AVAILABLE:
+                    raise
+                log.warning("system_topics_deferred", topics=[t.topic_name for t in missing],
+                            reason=exc.remark)
+                return False
+        return True
 
     def progress(self, service: str) -> object:
         """A service's last recorded progress (see :func:`evq.domain.metadata.progress`)."""
@@ -396,7 +427,14 @@ class Broker:
                               f"subscription group [{name}] does not exist")
         if self.config.is_slave:  # the master records it; until then serve with the defaults
             return SubscriptionGroupConfig(group_name=name)
-        return self.create_group(SubscriptionGroupConfig(group_name=name))
+        try:
+            return self.create_group(SubscriptionGroupConfig(group_name=name))
+        except BrokerError as exc:
+            if exc.code is not ResponseCode.SERVICE_NOT_AVAILABLE:
+                raise
+            # The disk is full (the store said so once): reads go on with the defaults, and
+            # a later request records the group once there is room.
+            return SubscriptionGroupConfig(group_name=name)
 
     def ensure_topic(self, name: str, queues: int = 1, perm: int = tp.PERM_RW) -> tp.TopicConfig:
         """A broker-made topic (retry, DLQ): created on first use."""
@@ -500,6 +538,14 @@ class Broker:
         ):
             return attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
+
+    def refusal_remark(self, status: PutStatus) -> str:
+        """The remark a put the store refused is answered with.  A full disk says so, with its
+        ratio and path, where RocketMQ names the disk ratios."""
+        refused = self.log.disk_status.refused if status is PutStatus.SERVICE_NOT_AVAILABLE else ""
+        if refused:
+            return f"service not available now: {refused}"
+        return f"store put failed: {status.value}"
 
     def _check_writable(self) -> None:
         if self.config.is_slave:
@@ -801,6 +847,13 @@ class Broker:
         if self.config.is_slave:
             self.catch_up()
             return
+        if self._unsaved:
+            with self._lock:
+                self._save([], self._watermark)
+        if not self.log.disk_status.writable:
+            return  # nothing due could be stored: services and offsets wait for room
+        if self._system_topics_missing:
+            self._system_topics_missing = not self._create_system_topics()
         now = self.clock.now_ms()
         for hook in self._tick_hooks:
             hook(now)
@@ -815,7 +868,10 @@ class Broker:
             return
         self._closed = True
         if not self.config.is_slave:
-            self.snapshot_offsets()
+            try:
+                self.snapshot_offsets()
+            except BrokerError as exc:  # a full disk: consumers commit them again
+                log.warning("offsets_not_snapshot_at_close", reason=exc.remark)
         self._meta.close()
 
 

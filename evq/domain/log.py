@@ -168,6 +168,23 @@ class ExpiryReport:
     min_physical_offset: int
 
 
+@attrs.frozen(slots=True)
+class DiskStatus:
+    """How full the store's file system is, and whether that stops puts.
+
+    ``used_ratio`` is the share of the file system in use (0 to 1), as RocketMQ's
+    ``commitLogDiskRatio`` reports it; ``refused`` says why puts are refused (they are answered
+    SERVICE_NOT_AVAILABLE), empty while they are taken.  Reads never stop."""
+
+    path: str
+    used_ratio: float
+    refused: str = ""
+
+    @property
+    def writable(self) -> bool:
+        return not self.refused
+
+
 TagFilter = Callable[[int], bool]
 """Decides from a ConsumeQueue tag code whether an entry may match (hash test only)."""
 
@@ -186,6 +203,9 @@ class MessageLog(abc.ABC):
         store timestamp; those fields are patched into the bytes.  Durability is *not* awaited:
         see :meth:`wait_durable`.  Any sequence will do (a list, or one that makes each result
         when it is read, as the mmap backend's does).
+
+        A full disk never raises: the records it could not take are SERVICE_NOT_AVAILABLE
+        (see :attr:`disk_status`), and nothing of them is kept.
         """
 
     @abc.abstractmethod
@@ -288,7 +308,16 @@ class MessageLog(abc.ABC):
         """Cut the log (and every projection) back to ``physical_offset``, a record boundary:
         how a replica drops a divergent tail."""
 
-    # --- projections and lifecycle --------------------------------------------------------
+    # --- disk and lifecycle ---------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def disk_status(self) -> DiskStatus:
+        """Disk use as last sampled, and whether puts are refused for it: above the warning
+        level, or once an allocation found no space, :meth:`append` answers every record
+        SERVICE_NOT_AVAILABLE until space is back (no restart needed)."""
+
+    # --- projections ----------------------------------------------------------------------
 
     @abc.abstractmethod
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:

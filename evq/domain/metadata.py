@@ -194,6 +194,13 @@ class MetadataState:
         return state
 
 
+class MetadataWriteError(Exception):
+    """The metadata store could not take a write now (its disk is full, its server is away).
+
+    Nothing is lost: the log holds every event, and the broker keeps the changes in memory
+    and commits them with the next write that succeeds."""
+
+
 class MetadataStore(abc.ABC):
     """The metadata projection's port; :mod:`evq.meta` implements it on SQLAlchemy."""
 
@@ -203,7 +210,8 @@ class MetadataStore(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, changes: Sequence[Change], watermark: Watermark) -> None:
-        """Apply ``changes`` and move the watermark, atomically."""
+        """Apply ``changes`` and move the watermark, atomically; raises
+        :class:`MetadataWriteError` (having applied nothing) when the store cannot write."""
 
     @abc.abstractmethod
     def clear(self) -> None:

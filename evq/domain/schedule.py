@@ -100,11 +100,12 @@ class DelayService:
                     due.append(out)
             if offset == self._offsets.get(level, 0):
                 return delivered
-            self._offsets[level] = offset
+            moved = {**self._offsets, level: offset}
+            # Progress moves once the delivery is stored: a refused one (a full disk) raises
+            # and the same messages are due again at the next run.
             self._broker.record_events(
-                [progress(DELAY_PROGRESS, {str(k): v for k, v in sorted(self._offsets.items())})],
-                due,
-            )
+                [progress(DELAY_PROGRESS, {str(k): v for k, v in sorted(moved.items())})], due)
+            self._offsets[level] = offset
             delivered += len(due)
 
     def backlog(self) -> dict[int, int]:
@@ -137,17 +138,22 @@ class TimerService:
             while self._heap and self._heap[0][0] <= now and len(batch) < _BATCH:
                 batch.append(heapq.heappop(self._heap))
             due: list[Message] = []
-            for _at, qo, phys in batch:
-                self._done.add(qo)
+            for _at, _qo, phys in batch:
                 view = self._broker.log.lookup(phys)
                 out = released(decode(view, check_crc=False), Prop.START_DELIVER_TIME) \
                     if view is not None else None
                 if out is not None:
                     due.append(out)
-            self._low = min((qo for _at, qo, _p in self._heap), default=self._scanned)
-            self._done = {qo for qo in self._done if qo >= self._low}
-            self._broker.record_events(
-                [progress(TIMER_PROGRESS, {"low": self._low, "done": sorted(self._done)})], due)
+            low = min((qo for _at, qo, _p in self._heap), default=self._scanned)
+            done = {qo for qo in self._done | {qo for _at, qo, _p in batch} if qo >= low}
+            try:
+                self._broker.record_events(
+                    [progress(TIMER_PROGRESS, {"low": low, "done": sorted(done)})], due)
+            except BaseException:  # not stored (a full disk): due again at the next run
+                for entry in batch:
+                    heapq.heappush(self._heap, entry)
+                raise
+            self._low, self._done = low, done
             delivered += len(due)
         return delivered
 

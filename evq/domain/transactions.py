@@ -71,7 +71,8 @@ class TransactionService:
 
         Returns the stored real message for a commit, None otherwise.  A half that already has
         an op record (answered twice, or committed by one producer and checked by another) is
-        not committed again.
+        not committed again.  One whose records the store refused (a full disk) is not ended:
+        the transaction check asks its producer again.
         """
         if self._broker.config.is_slave:
             raise BrokerError(ResponseCode.SLAVE_NOT_AVAILABLE,
@@ -97,13 +98,14 @@ class TransactionService:
                                                      half.queue_offset)})
         ops = [self._op_message(half.queue_id, qo) for qo in ended]
         self._done.update(ended)
-        if not commit:
-            self._broker.store(ops)
-            return None
-        real = self._broker.route(self._committed(half))
-        results = self._broker.store([real, *ops])
+        real = self._broker.route(self._committed(half)) if commit else None
+        results = self._broker.store([real, *ops] if real is not None else ops)
         status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
                       PutStatus.PUT_OK)
+        if status is not PutStatus.PUT_OK:  # not ended (a full disk): the check asks again
+            self._done.difference_update(ended)
+        if real is None:
+            return None
         return SendResult(status, real.topic, real.queue_id, (results[0],))
 
     @staticmethod
@@ -194,7 +196,8 @@ class TransactionService:
         if times >= b.config.transaction_check_max:
             b.ensure_topic(tp.TRANS_CHECK_MAX_TIME_TOPIC)
             moved = attrs.evolve(half, topic=tp.TRANS_CHECK_MAX_TIME_TOPIC, queue_id=0)
-            b.store([moved])
+            if b.store([moved])[0].status is not PutStatus.PUT_OK:
+                return "wait"  # not stored (a full disk): the next pass tries again
             log.warning("transaction_discarded", half_offset=half.queue_offset, checks=times)
             return "discarded"
         if now - half.store_timestamp > b.config.file_reserved_hours * 3_600_000:
@@ -210,6 +213,8 @@ class TransactionService:
         props.setdefault(Prop.TRAN_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
         copy = attrs.evolve(half, properties=props)
         (stored,) = b.store([copy])
+        if stored.status is not PutStatus.PUT_OK:
+            return "wait"  # not re-put (a full disk): the pass stops here, the next one asks
         copy.queue_offset, copy.commit_log_offset = stored.queue_offset, stored.physical_offset
         group = props.get(Prop.PGROUP, "")
         if self.port is None or not self.port.check_back(group, copy):

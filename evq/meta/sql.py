@@ -21,7 +21,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from evq import durable_fs, logs
-from evq.domain.metadata import Change, MetadataStore, Table, Watermark
+from evq.domain.metadata import Change, MetadataStore, MetadataWriteError, Table, Watermark
 
 log = logs.get_logger(__name__)
 
@@ -99,6 +99,12 @@ class SqlMetadataStore(MetadataStore):
         return rows, Watermark(w[0], w[1]) if w else Watermark()
 
     def commit(self, changes: Sequence[Change], watermark: Watermark) -> None:
+        try:
+            self._commit(changes, watermark)
+        except sa.exc.OperationalError as exc:  # a full disk (SQLITE_FULL), a lost server
+            raise MetadataWriteError(f"metadata commit failed: {exc.orig}") from exc
+
+    def _commit(self, changes: Sequence[Change], watermark: Watermark) -> None:
         with self._engine.begin() as conn:
             for c in changes:
                 table = _tables[c.table]

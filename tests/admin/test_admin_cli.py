@@ -95,6 +95,7 @@ def test_group_progress_connection_and_reset_by_time(cluster: Served) -> None:
     admin(cluster, "deleteSubGroup", "-g", "AdmGroup", "-c", "DefaultCluster")
     status = admin(cluster, "brokerStatus", "-b", cluster.broker)
     assert status["brokerRole"] == "ASYNC_MASTER" and int(status["commitLogMaxOffset"]) > 0
+    assert 0 < float(status["commitLogDiskRatio"]) < 1 and status["evqPutsRefused"] == "false"
 
 
 def test_a_group_config_written_by_update_sub_group_is_read_back(cluster: Served) -> None:

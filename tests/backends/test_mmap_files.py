@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evq.backends.config import StoreConfig
+from evq.backends.flush import Flusher
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
-from evq.backends.mmapfile.flush import Flusher
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
     WARM_CHUNK,

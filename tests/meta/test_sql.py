@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import evq
+from evq.backends.config import StoreConfig
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.metadata import (
     MemoryMetadataStore,
@@ -96,3 +99,26 @@ def test_database_file_keeps_rows_and_watermark_across_engines(tmp_path: Path) -
     rows, watermark = again.load()
     assert MetadataState.from_rows(rows) == state and watermark == Watermark(1, 120)
     again.close()
+
+
+def test_changes_the_database_refused_reach_it_with_the_next_commit_that_succeeds(
+    tmp_path: Path,
+) -> None:
+    """The metadata database is a projection of the log: a commit it refuses (a full disk;
+    here another connection holds it locked) costs the broker nothing, and the changes reach
+    the database once it takes writes again."""
+    db = tmp_path / "meta.sqlite"
+    with evq.Broker.open(tmp_path / "data", metadata=f"sqlite:///{db}?timeout=0.05",
+                         store_config=StoreConfig(commitlog_segment_size=1 << 20),
+                         background=False) as b:
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        b.create_topic("Deferred", 2)  # recorded in the log; the database refuses the commit
+        assert b.core.topic("Deferred") is not None
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        b.tick()
+    store = SqlMetadataStore(f"sqlite:///{db}")
+    rows, _watermark = store.load()
+    store.close()
+    assert "Deferred" in MetadataState.from_rows(rows).topics

@@ -137,6 +137,37 @@ async def test_queries_and_send_back(tmp_path: Path) -> None:
         assert r.code == ResponseCode.SYSTEM_ERROR
 
 
+async def test_a_full_disk_refuses_sends_and_send_backs_with_the_reason_and_serves_reads(
+    tmp_path: Path,
+) -> None:
+    """Above the warning level (set below what any disk uses, for a disk that is full here)
+    every put is answered SERVICE_NOT_AVAILABLE with the disk's use and path, a send-back
+    too (it was answered SUCCESS although the store did not take the retry message), and
+    pulls go on."""
+    async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.SEND_MESSAGE, send_fields("T"), b"kept")
+        offset = int(r.ext_fields["msgId"][16:], 16)
+        r = await call(c, RequestCode.CONSUMER_SEND_MSG_BACK,
+                       {"offset": offset, "group": "G", "delayLevel": 0})
+        assert r.code == ResponseCode.SUCCESS  # the group and its retry topic now exist
+    async with broker(tmp_path, disk_space_warning_level_ratio=1e-9) as b, \
+            RemotingClient("127.0.0.1", b.server.port) as c:
+        r = await call(c, RequestCode.SEND_MESSAGE, send_fields("T"), b"refused")
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert (r.remark or "").startswith("service not available now: disk full: ")
+        assert str(tmp_path) in (r.remark or "")
+        r = await call(c, RequestCode.CONSUMER_SEND_MSG_BACK,
+                       {"offset": offset, "group": "G", "delayLevel": 0})
+        assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE and "disk full" in (r.remark or "")
+        p = await call(c, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "G", "topic": "T", "queueId": 0, "queueOffset": 0,
+            "maxMsgNums": 32, "sysFlag": 4, "commitOffset": 0, "suspendTimeoutMillis": 0,
+            "subscription": "*", "subVersion": 0})
+        assert [m.body for m in iter_records(p.body)] == [b"kept"]
+        info = json.loads((await call(c, RequestCode.GET_BROKER_RUNTIME_INFO)).body)["table"]
+        assert info["evqPutsRefused"] == "true" and "disk full" in info["evqPutsRefusedReason"]
+
+
 async def test_admin_topic_and_stats(tmp_path: Path) -> None:
     async with broker(tmp_path) as b, RemotingClient("127.0.0.1", b.server.port) as c:
         r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC, {
@@ -152,6 +183,8 @@ async def test_admin_topic_and_stats(tmp_path: Path) -> None:
         assert table["brokerVersionDesc"] == "V4_9_7"
         # The first record is the broker's own (system topics, at start-up): stored by now.
         assert 0 < int(table["earliestMessageTimeStamp"]) <= time.time() * 1000
+        assert 0 < float(table["commitLogDiskRatio"]) < 1  # the data dir's disk, not 0.0
+        assert (table["evqPutsRefused"], table["evqPutsRefusedReason"]) == ("false", "")
         r = await call(c, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "A"})
         assert r.code == ResponseCode.SUCCESS
         r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})

@@ -1,9 +1,8 @@
 """The MessageLog port over an ordered key-value store (LMDB, RocksDB, memory).
 
-Directory layout of a persistent store (``root`` is the store directory)::
+Directory layout of a persistent store (``root`` is the store directory; the lock and the abort
+marker are the shell's, :mod:`evq.backends.shell`)::
 
-    root/lock      flock held while open (one process per store)
-    root/abort     exists while open: found at start = the last run crashed
     root/<driver>  the key-value store's own files (see the driver's module)
 
 Tables and keys are drawn in :mod:`evq.backends.kvlog.layout`.  Physical offsets are the same
@@ -20,54 +19,48 @@ again from its log end.
 
 Durability: a write survives a process crash when it returns; :meth:`wait_durable` under
 SYNC_FLUSH waits for the flusher's next ``sync`` (fsync), which serves every waiter at once
-(group commit), and ASYNC_FLUSH syncs periodically (the mmap backend's
-:class:`~evq.backends.mmapfile.flush.Flusher` drives both).  So that a power cut keeps what
+(group commit), and ASYNC_FLUSH syncs periodically (the shell's
+:class:`~evq.backends.flush.Flusher` drives both).  So that a power cut keeps what
 was synced, the store directory, the driver's directory and the abort marker are created
-through :mod:`evq.durable_fs` (their directory entries synced).
+through :mod:`evq.durable_fs` (their directory entries synced).  The life cycle (lock, marker,
+flusher, cleaner, close) is the shell's, :mod:`evq.backends.shell`; this module supplies
+recovery, appends, reads and expiry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import shutil
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
-from evq import durable_fs, logs
-from evq.backends import rules
+from evq import logs
+from evq.backends import disk, rules
 from evq.backends.config import StoreConfig
 from evq.backends.kvlog import layout as lay
-from evq.backends.kvlog.driver import Batch, Driver, Reader
+from evq.backends.kvlog.driver import Batch, Driver, DriverError, Reader
 from evq.backends.kvlog.layout import Table
-from evq.backends.mmapfile.flush import Flusher
-from evq.backends.subscribers import DispatchSubscribers
+from evq.backends.shell import StoreShell
 from evq.backends.time_samples import TimeSamples
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.log import (
     AppendResult,
-    DispatchCallback,
     Dispatched,
     ExpiryReport,
     GetStatus,
     KeyQueryResult,
     LogClosed,
-    LogLocked,
-    MessageLog,
     PutStatus,
     ReadResult,
     ReplicationError,
     TagFilter,
     check_empty,
 )
-from evq.domain.message import decode_properties, host_bytes
+from evq.domain.message import decode_properties
 from evq.domain.record import TagsCodeFn, default_tags_code
 
 log = logs.get_logger(__name__)
@@ -86,31 +79,20 @@ class QueueState:
     times: TimeSamples = attrs.field(factory=TimeSamples)
 
 
-class KeyedMessageLog(MessageLog):
+class KeyedMessageLog(StoreShell):
     """Open with :meth:`open`; see the module docstring."""
 
-    def __init__(self, root: Path, config: StoreConfig, clock: Clock, tags_code_fn: TagsCodeFn):
-        self.root = root
-        self.config = config
-        self._clock = clock
-        self._tags_code_fn = tags_code_fn
-        self._host = host_bytes(config.store_host)
+    def __init__(self, root: Path, config: StoreConfig, clock: Clock, tags_code_fn: TagsCodeFn,
+                 factory: type[Driver]):
+        super().__init__(root, config, clock, tags_code_fn, persistent=factory.persistent)
+        self._factory = factory
         self._seg = config.commitlog_segment_size
-        self._max_record = rules.max_record_size(config)
-        self._put_lock = threading.RLock()
-        self._closed = False
         self._driver: Driver | None = None
         self._end = 0  # committed log end
         self._min = 0
         self._pending = bytearray()  # a replica's bytes past the last whole record
         self._queues: dict[tuple[str, int], QueueState] = {}
-        self._last_store_ts = 0
         self._index_last = (0, 0)
-        self._subscribers = DispatchSubscribers()
-        self._lock_fd = -1
-        self._flusher: Flusher | None = None
-        self._cleaner: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # --- opening -------------------------------------------------------------------------
 
@@ -129,44 +111,15 @@ class KeyedMessageLog(MessageLog):
 
         ``background=False`` runs no cleaner thread (tests drive :meth:`expire` themselves).
         """
-        self = cls(Path(root), config or StoreConfig(), clock, tags_code_fn)
-        try:
-            self._open(driver, background)
-        except BaseException:
-            self._release()
-            raise
+        self = cls(Path(root), config or StoreConfig(), clock, tags_code_fn, driver)
+        self._start(background)
         return self
 
-    def _open(self, factory: type[Driver], background: bool) -> None:
-        started = time.monotonic()
-        abnormal = False
-        if factory.persistent:
-            durable_fs.make_dirs(self.root)
-            self._lock(self.root)
-            abnormal = (self.root / "abort").exists()
-        self._driver = driver = factory.open(self.root)
+    def _recover(self, abnormal: bool) -> tuple[int, int]:
+        """Nothing to cut: the driver never exposes half a write (see the module docstring)."""
+        self._driver = self._factory.open(self.root)
         self._load()
-        log.info(
-            "store_recovered", path=str(self.root), abnormal=abnormal, log_end=self._end,
-            cut_bytes=0, queues=len(self._queues), seconds=round(time.monotonic() - started, 3),
-        )
-        if driver.persistent:
-            durable_fs.touch(self.root / "abort")
-        self._flusher = Flusher(
-            self.config, written=lambda: self._end, flush_log=self._flush_log,
-            flush_projections=lambda: None, durable=self._end,
-        )
-        if background:
-            self._cleaner = threading.Thread(target=self._clean_loop, name="evq-clean",
-                                             daemon=True)
-            self._cleaner.start()
-
-    def _lock(self, root: Path) -> None:
-        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LogLocked(f"{root} is in use by another process") from None
+        return self._end, 0
 
     def _load(self) -> None:
         with self._reader() as r:
@@ -213,6 +166,8 @@ class KeyedMessageLog(MessageLog):
         add = results.append
         with self._put_lock:
             driver = self._check_open()
+            if self._refused:  # the disk is full: see evq.backends.shell
+                return [AppendResult(PutStatus.SERVICE_NOT_AVAILABLE) for _ in records]
             if self._pending:  # local appends on a replica: its partial record is abandoned
                 log.warning("replicated_tail_dropped", at=self._end, bytes=len(self._pending))
                 self._pending.clear()
@@ -235,6 +190,7 @@ class KeyedMessageLog(MessageLog):
                 if not rules.fits(pos, n, seg):
                     put(Table.LOG, lay.log_key(end), rec.encode_blank(seg - pos))
                     end += seg - pos
+                    self._note_usage()  # a segment's worth written: as mmap samples
                 phys = end
                 flags = rules.stored_sysflag(r.sysflag, data)
                 buf = bytearray(data)
@@ -266,7 +222,15 @@ class KeyedMessageLog(MessageLog):
                 add(AppendResult(PutStatus.PUT_OK, phys, n, max(qo, 0), now, host))
             if end == self._end:
                 return results
-            self._commit(batch, end, nexts, {}, index_last)
+            try:
+                self._commit(batch, end, nexts, {}, index_last)
+            except DriverError as exc:  # nothing of the batch was written: it is atomic
+                need = end - self._end
+                if not disk.failed_for_space(exc, need, self._usage()[2]):
+                    raise
+                self._found_no_space(exc, 2 * need + disk.WRITE_SLACK)
+                return [AppendResult(PutStatus.SERVICE_NOT_AVAILABLE)
+                        if r.status is PutStatus.PUT_OK else r for r in results]
             if notify:
                 self._subscribers.notify(notify)
         return results
@@ -307,17 +271,6 @@ class KeyedMessageLog(MessageLog):
                     st.times.clear()
                 st.min, st.next = lo, nxt
 
-    def wait_durable(self, end_offset: int, timeout: float) -> bool:
-        return self._running_flusher().wait(end_offset, timeout)
-
-    def on_durable(self, end_offset: int, callback: Callable[[bool], None], timeout: float) -> None:
-        self._running_flusher().request(end_offset, callback, timeout)
-
-    def _running_flusher(self) -> Flusher:
-        if self._flusher is None:
-            raise LogClosed("the log is closed")
-        return self._flusher
-
     def _flush_log(self, target: int) -> int:
         """Sync everything written so far: everything below ``target`` was written before."""
         driver = self._driver
@@ -325,10 +278,6 @@ class KeyedMessageLog(MessageLog):
             return target
         driver.sync()
         return target
-
-    def flush(self) -> None:
-        flusher = self._running_flusher()
-        flusher.durable = max(flusher.durable, self._flush_log(self._end))
 
     # --- reading -------------------------------------------------------------------------
 
@@ -444,16 +393,11 @@ class KeyedMessageLog(MessageLog):
         return self._min
 
     @property
-    def max_record_size(self) -> int:
-        return self._max_record
-
-    @property
     def max_physical_offset(self) -> int:
         return self._end + len(self._pending)
 
-    @property
-    def durable_offset(self) -> int:
-        return self._flusher.durable if self._flusher else self._end
+    def _log_end(self) -> int:
+        return self._end
 
     def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
         with self._put_lock, self._reader() as r:
@@ -639,9 +583,6 @@ class KeyedMessageLog(MessageLog):
 
     # --- projections, expiry, lifecycle ---------------------------------------------------
 
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        return self._subscribers.subscribe(callback)
-
     def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
         now = self._clock.now_ms() if now_ms is None else now_ms
         keep_ms = self.config.file_reserved_hours * 3600 * 1000
@@ -690,45 +631,14 @@ class KeyedMessageLog(MessageLog):
         batch.delete_range(Table.QUEUE, st.prefix + lay.U64.pack(st.min), stop)
         return st.next
 
-    def disk_used_ratio(self) -> float:
-        usage = shutil.disk_usage(self.root if self.root.exists() else self.root.parent)
-        return usage.used / usage.total if usage.total else 0.0
-
-    def _clean_loop(self) -> None:
-        while not self._stop.wait(self.config.clean_interval_s):
-            try:
-                due, force = rules.clean_due(self.config, self._clock.now_ms(),
-                                             self.disk_used_ratio())
-                if due:
-                    self.expire(force=force)
-            except Exception:
-                log.exception("clean_failed")
-
-    def close(self) -> None:
-        with self._put_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.join()
-        if self._flusher is not None:
-            self._flusher.close()
-            self._flusher = None
-        persistent = self._driver is not None and self._driver.persistent
-        self._release()
-        if persistent:
-            with contextlib.suppress(FileNotFoundError):
-                (self.root / "abort").unlink()
-        log.info("store_closed", path=str(self.root), log_end=self._end)
-
-    def _release(self) -> None:
+    def _release_files(self) -> None:
         if self._driver is not None:
             driver, self._driver = self._driver, None
-            driver.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing drops the flock
-            self._lock_fd = -1
+            try:
+                driver.close()
+            except DriverError as exc:  # RocksDB refuses even to close once its WAL found
+                # the disk full; what it acknowledged is in the WAL, which its next open reads
+                log.error("store_close_failed", path=str(self.root), error=str(exc))
 
 
 def _pull_prefix(entries: list[rules.Entry], max_count: int, max_bytes: int) -> list[int]:

@@ -26,14 +26,18 @@ reserved at 1 TiB of address space; the file grows only as data arrives.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 
-from evq import durable_fs
+from evq import durable_fs, logs
+from evq.backends import disk
 from evq.backends.kvlog.driver import Batch, Driver, Reader, Row, translated
 from evq.backends.kvlog.layout import Table
+
+log = logs.get_logger(__name__)
 
 MAP_SIZE = 1 << 40
 MAX_READERS = 512
@@ -115,6 +119,7 @@ class LmdbDriver(Driver):
             )
         try:
             durable_fs.sync_path(directory)
+            _allocate_lock_file(directory / "lock.mdb")
         except BaseException:
             env.close()
             raise
@@ -151,6 +156,24 @@ class LmdbDriver(Driver):
     def close(self) -> None:
         with _lmdb_errors():
             self._env.close()
+
+
+def _allocate_lock_file(path: Path) -> None:
+    """LMDB writes its reader table through a shared mapping of ``lock.mdb``, a sparse file:
+    a reader taking a slot on a page never written before would fault (SIGBUS) on a full
+    disk.  Its blocks are allocated once (a few pages), while there is room; on a full disk
+    the store still opens, with a warning, as the pages in use are already there.  Its data
+    file LMDB writes with ``pwrite``: a full disk fails the commit, which the store turns
+    into refused puts."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        disk.allocate_blocks(fd, 0, os.fstat(fd).st_size, path)
+    except OSError as exc:
+        if not disk.no_space(exc):
+            raise
+        log.warning("lmdb_lock_file_not_allocated", path=str(path), error=str(exc))
+    finally:
+        os.close(fd)
 
 
 def _delete_range(cur: lmdb.Cursor, start: bytes, stop: bytes) -> None:

@@ -17,6 +17,8 @@ from evq.domain.log import AppendResult, PutStatus
 
 ILLEGAL = (-1, 0, -1)
 """The place of a record the log refused (MESSAGE_ILLEGAL): AppendResult's defaults."""
+REFUSED = (-2, 0, -1)
+"""The place of a record refused for want of disk space (SERVICE_NOT_AVAILABLE)."""
 
 
 class AppendedBatch(Sequence[AppendResult]):
@@ -29,7 +31,8 @@ class AppendedBatch(Sequence[AppendResult]):
 
     def _result(self, place: tuple[int, int, int]) -> AppendResult:
         if place[0] < 0:
-            return AppendResult(PutStatus.MESSAGE_ILLEGAL)
+            return AppendResult(PutStatus.MESSAGE_ILLEGAL if place is ILLEGAL
+                                else PutStatus.SERVICE_NOT_AVAILABLE)
         physical, size, queue_offset = place
         return AppendResult(PutStatus.PUT_OK, physical, size, queue_offset,
                             self._store_timestamp, self._host)

@@ -24,7 +24,7 @@ FILE_SIZE = 4096
 
 class Checkpoint:
     def __init__(self, path: Path):
-        self._file = MappedFile(path, 0, FILE_SIZE, create=True)
+        self._file = MappedFile(path, 0, FILE_SIZE, create=True, allocate=FILE_SIZE)
         (self.physic_ts, self.logics_ts, self.index_ts, self.physic_offset) = FIELDS.unpack_from(
             self._file.mm, 0
         )

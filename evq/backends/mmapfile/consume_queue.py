@@ -9,7 +9,9 @@ queue (queue offset *n*) sits at byte ``20 * n`` of the logical file::
         12     8  tags code (hash of TAGS; the delivery time in SCHEDULE_TOPIC_XXXX)
 
 A zero size marks an entry never written.  Positions before the first entry of a queue that
-started late (after expiry or truncation) hold blank entries: offset 0, size 2**31-1.
+started late (after expiry or truncation) hold blank entries: offset 0, size 2**31-1.  A file
+is allocated a chunk ahead of its last entry (:meth:`MappedFile.reserve`), never written
+where it is not.
 """
 
 from __future__ import annotations
@@ -44,16 +46,31 @@ class ConsumeQueue:
                                      random_access=True, pending=pending)
         self.min_offset = 0
         self._last: MappedFile | None = None
+        self.ready_below = 0
+        """Queue offsets from the last file's start up to this one :meth:`put` writes without
+        allocating: the append path calls :meth:`prepare` only for an offset past it (its
+        next offset never lies before the last file)."""
         self._times = TimeSamples()
 
     # --- writing (dispatch) ---------------------------------------------------------------
 
+    def prepare(self, queue_offset: int) -> None:
+        """Make the file (and chunk) entry ``queue_offset`` goes into ready, so that its
+        :meth:`put` cannot fail; raises ``OSError`` (ENOSPC) when the disk has no room.  The
+        append path calls this before it writes the record the entry will name."""
+        mf = self._last
+        pos = queue_offset * ENTRY_SIZE
+        if mf is None or not 0 <= pos - mf.start < mf.allocated:
+            self._segment_for(pos)
+
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
         """Write entry ``queue_offset``; rewriting an existing entry is allowed (recovery
-        re-dispatch writes the same values again)."""
+        re-dispatch writes the same values again).  Raises ``OSError`` (ENOSPC) and writes
+        nothing when the disk has no room for the entry's file or its next chunk (never after
+        :meth:`prepare`)."""
         pos = queue_offset * ENTRY_SIZE
         mf = self._last
-        if mf is None or not mf.start <= pos < mf.end:
+        if mf is None or not 0 <= pos - mf.start < mf.allocated:
             mf = self._segment_for(pos)
         rel = pos - mf.start
         _pack_entry(mf.mm, rel, physical_offset, size, tags_code)
@@ -68,15 +85,21 @@ class ConsumeQueue:
             self.min_offset = pos // ENTRY_SIZE
         while files.files[-1].end <= pos:
             last = files.files[-1]
+            last.reserve(last.size)
             _fill_blanks(last, last.size)
             files.new_segment(last.end)
         mf = files.find(pos)
         if mf is None:
             raise IndexError(f"queue offset {pos // ENTRY_SIZE} is below this queue's files")
+        mf.reserve(pos - mf.start + ENTRY_SIZE)
         _fill_blanks(mf, pos - mf.start)
         if mf is files.files[-1]:
-            self._last = mf
+            self._set_last(mf)
         return mf
+
+    def _set_last(self, mf: MappedFile | None) -> None:
+        self._last = mf
+        self.ready_below = (mf.start + mf.allocated) // ENTRY_SIZE if mf is not None else 0
 
     # --- reading --------------------------------------------------------------------------
 
@@ -117,7 +140,7 @@ class ConsumeQueue:
             if mf.wrote < mf.size:
                 break
         if self.files.files:
-            self._last = self.files.files[-1]
+            self._set_last(self.files.files[-1])
             self.min_offset = self.files.files[0].start // ENTRY_SIZE
 
     def truncate_to_log(self, log_end: int) -> None:
@@ -134,7 +157,7 @@ class ConsumeQueue:
 
     def truncate(self, queue_offset: int) -> None:
         self.files.truncate(queue_offset * ENTRY_SIZE)
-        self._last = self.files.last()
+        self._set_last(self.files.last())
         self.min_offset = min(self.min_offset, queue_offset)
         self._times.clear()
 
@@ -178,7 +201,7 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
-        self._last = None
+        self._set_last(None)
 
 
 
@@ -189,7 +212,7 @@ def _fill_blanks(mf: MappedFile, upto: int) -> None:
 
 
 def _written_prefix(mf: MappedFile) -> int:
-    n = mf.size // ENTRY_SIZE
+    n = mf.allocated // ENTRY_SIZE  # past a hole nothing was written (nor may be read)
     lo, hi = 0, n
     mm = mf.mm
     while lo < hi:

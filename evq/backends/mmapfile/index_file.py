@@ -19,6 +19,9 @@ mapping, after the entries and the slots; recovery re-dispatch skips offsets bel
 endPhyOffset.  Entries past ``indexCount`` are zero, except those a process killed in the
 middle of a put wrote: opening the file points their slots back at counted entries.
 
+A file's header and slots are allocated when it is created, its entries a chunk ahead of the
+writer (:meth:`~evq.backends.mmapfile.mapped_file.MappedFile.reserve`).
+
 Slots are little-endian where RocketMQ's are big-endian: every put reads and writes two of
 them at random places, and a native ``int`` view of the slot area does that in half the time
 ``struct`` calls take (the index is evq's own: its hash already differs from RocketMQ's).
@@ -70,14 +73,19 @@ class IndexFile:
         self.max_entries = max_entries
         self.base = HEADER_SIZE + slots * SLOT_SIZE  # where entry 0 sits
         size = index_file_size(slots, max_entries)
-        self.file = file if file is not None else MappedFile(path, 0, size, create=create)
+        if file is None:
+            file = MappedFile(path, 0, size, create=create, allocate=self.base if create else 0)
+        self.file = file
         self.file.advise_random()
         self.slot = memoryview(self.file.mm)[HEADER_SIZE : self.base].cast("i")
+        self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
+        self.slots_used, self.count = 0, 1
         if create:
+            self.file.reserve(self.base)
             prefault(self.file.mm, self.base)  # slots are written at random
-            self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
-            self.slots_used, self.count = 0, 1
             self._write_header()
+        elif self.file.allocated < HEADER_SIZE:
+            pass  # never set up (no space for it): empty; its first put allocates and writes
         else:
             (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.slots_used,
              self.count) = HEADER.unpack_from(self.file.mm, 0)
@@ -110,7 +118,8 @@ class IndexFile:
         unrelated one, so the slots go back to their counted heads and the entries to zero."""
         mm, slot = self.file.mm, self.slot
         end = self.count
-        while end < self.max_entries:
+        readable = (self.file.allocated - self.base) // ENTRY_SIZE  # never read a hole
+        while end < min(self.max_entries, readable):
             entry = ENTRY.unpack_from(mm, self.base + end * ENTRY_SIZE)
             if not any(entry):
                 break
@@ -131,11 +140,14 @@ class IndexFile:
         This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
         appended batch, so the loop keeps everything in locals.  Each entry is written before
         the slot that names it and the header counts them last: a process killed anywhere
-        leaves every chain reachable.
+        leaves every chain reachable.  An item's entries are allocated before any is written
+        (a chunk ahead); when the disk has no room this raises ``OSError`` (ENOSPC), the items
+        before it indexed and counted.
         """
         mm, slot, slots, base = self.file.mm, self.slot, self.slots, self.base
         count = self.count
         room = self.max_entries - count
+        allocated = (self.file.allocated - base) // ENTRY_SIZE  # entries whose blocks exist
         if count == 1:
             self.begin_ts, self.begin_phys = store_ts, items[0][1]
         diff = (store_ts - self.begin_ts) // 1000
@@ -143,25 +155,31 @@ class IndexFile:
             diff = 0 if diff < 0 else MAX_TIME_DIFF
         pack_entry = ENTRY.pack_into
         done = used = 0
-        for hashes, phys in items:
-            room -= len(hashes)
-            if room < 0:
-                break
-            for h in hashes:
-                s = h % slots
-                head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
-                if not head:
-                    used += 1
-                pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
-                slot[s] = count
-                count += 1
-            done += 1
-        if done:
-            self.count = count
-            self.slots_used += used
-            self.end_ts = store_ts
-            self.end_phys = items[done - 1][1]
-            self._write_header()
+        try:
+            for hashes, phys in items:
+                n = len(hashes)
+                room -= n
+                if room < 0:
+                    break
+                if count + n > allocated:
+                    self.file.reserve(base + (count + n) * ENTRY_SIZE)
+                    allocated = (self.file.allocated - base) // ENTRY_SIZE
+                for h in hashes:
+                    s = h % slots
+                    head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
+                    if not head:
+                        used += 1
+                    pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
+                    slot[s] = count
+                    count += 1
+                done += 1
+        finally:
+            if done:
+                self.count = count
+                self.slots_used += used
+                self.end_ts = store_ts
+                self.end_phys = items[done - 1][1]
+                self._write_header()
         return done
 
     def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:
@@ -290,8 +308,9 @@ class IndexService:
         if self.files and self.files[-1].count < self._spare_at:
             return
         self._spare = self._free_path(now_ms)
+        head = HEADER_SIZE + self.slots * SLOT_SIZE
         self._allocator.build(self._spare, 0, index_file_size(self.slots, self.max_entries),
-                              warm=HEADER_SIZE + self.slots * SLOT_SIZE)
+                              warm=head, allocate=head)
 
     def _free_path(self, ms: int) -> Path:
         """A file name after every existing one (names are creation times)."""
@@ -305,7 +324,8 @@ class IndexService:
         mf = None
         if self._allocator is not None:
             size = index_file_size(self.slots, self.max_entries)
-            mf = self._allocator.take(path, 0, size, successor=False)
+            mf = self._allocator.take(path, 0, size, successor=False,
+                                      allocate=HEADER_SIZE + self.slots * SLOT_SIZE)
         f = IndexFile(path, self.slots, self.max_entries, create=True, file=mf)
         self.files.append(f)
         return f

@@ -17,6 +17,16 @@ be cold again before the writer got there.
 msync goes through ctypes too: CPython's ``mmap.flush`` holds the GIL for the whole system
 call (hundreds of microseconds to milliseconds on a real disk), which would stop every
 appending thread for the length of each group commit.
+
+Nothing is written through a mapping where the file system has yet to allocate blocks: on a
+full disk such a write is SIGBUS (see :mod:`evq.backends.disk`).  Every file is allocated a
+chunk ahead of its writer (:meth:`MappedFile.reserve`), before anything is written there, so
+that a full disk is an ``OSError`` before a write, never a fault during one.  Nor is anything
+read where blocks are missing: on tmpfs a read fault on a hole allocates a page too, and is
+SIGBUS on a full one, so a file opened from disk counts as allocated (and readable) only up
+to its first hole (``SEEK_HOLE``), and recovery reads no further.  Not a whole
+segment at once: a 1 GiB segment (and the next one, built ahead) would take its gigabytes
+from the disk the moment it is created, also for a store that holds a few messages.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import threading
 from pathlib import Path
 
 from evq import durable_fs, logs
+from evq.backends import disk
 from evq.domain.log import LogError
 
 log = logs.get_logger(__name__)
@@ -37,6 +48,7 @@ NAME_DIGITS = 20
 WARM_CHUNK = 4 * 1024 * 1024  # pre-faulted ahead of the writer: ~1 ms to fault, ~10 ms to fill
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14; absent from Python's mmap constants on 3.11
 MS_SYNC = 4  # Linux; Python's mmap module does not export the msync flags
+ALLOCATION_CHUNK = 1024 * 1024  # how far ahead of its writer a file is allocated (reserve)
 
 _libc: ctypes.CDLL | None
 try:
@@ -82,6 +94,15 @@ def msync(mm: mmap.mmap, start: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def _data_end(fd: int, size: int) -> int:
+    """Where the file's first hole starts (its size if it has none): the blocks before it
+    are allocated.  A file system that cannot tell says the whole file is data."""
+    try:
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:
+        return size
+
+
 class StoreLayoutError(LogError, ValueError):
     """Segment files that do not form the configured layout (wrong size, a gap)."""
 
@@ -93,27 +114,45 @@ _ZEROS = bytes(_CHUNK)
 class MappedFile:
     """One segment: a file of ``size`` bytes mapped shared, read-write."""
 
-    __slots__ = ("end", "fd", "flushed", "mm", "path", "size", "start", "wrote")
+    __slots__ = ("allocated", "end", "fd", "flushed", "mm", "path", "size", "start", "wrote")
 
     def __init__(
-        self, path: Path, start: int, size: int, *, create: bool,
+        self, path: Path, start: int, size: int, *, create: bool, allocate: int = 0,
         pending: durable_fs.PendingSyncs | None = None,
     ):
         """A file created here (or resized) is durable, size and directory entry, before
         this returns, or once ``pending`` is synced: see :mod:`evq.durable_fs`.  msync makes
-        the data durable; that alone would lose a new segment in a power cut."""
+        the data durable; that alone would lose a new segment in a power cut.
+
+        ``allocate``: bytes from the start whose blocks are allocated before the file is
+        mapped (:meth:`reserve`); raises ``OSError`` (ENOSPC) when the disk has no room, and
+        leaves an unallocated file behind (only a writer that reserves writes into it)."""
         self.path = path
         self.start = start
         self.size = size
         self.end = start + size  # an attribute, not a property: the append path reads it
         self.fd = durable_fs.open_sized(path, size, create=create, pending=pending)
         try:
+            # Bytes from the start known to have their blocks: written or reserved.
+            self.allocated = _data_end(self.fd, size)
+            self.reserve(allocate)
             self.mm = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
         except BaseException:
             os.close(self.fd)
             raise
         self.wrote = 0
         self.flushed = 0
+
+    def reserve(self, end: int) -> None:
+        """Make sure the blocks of the first ``end`` bytes are allocated (a whole chunk
+        ahead, at most the file), so that writing there never faults.  Raises ``OSError``
+        (ENOSPC, EDQUOT) when the disk has no room; nothing is allocated past ``allocated``
+        then, and a retry allocates it later."""
+        if end <= self.allocated:
+            return
+        target = min(self.size, -(-end // ALLOCATION_CHUNK) * ALLOCATION_CHUNK)
+        disk.allocate_blocks(self.fd, self.allocated, target - self.allocated, self.path)
+        self.allocated = target
 
     def advise_random(self) -> None:
         """No read-ahead on page faults.  A fault on a hole of a sparse file otherwise reads a
@@ -194,30 +233,35 @@ class Allocator:
         self._warm = warm
         self._allocate_blocks = allocate_blocks
         self._lock = threading.Condition()
-        self._build: dict[Path, tuple[int, int, int]] = {}  # path -> start, size, warm
+        # path -> start, size, warm, allocate
+        self._build: dict[Path, tuple[int, int, int, int]] = {}
         self._to_warm: list[tuple[MappedFile, int, int]] = []
         self._ready: dict[Path, MappedFile] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="evq-allocate", daemon=True)
         self._thread.start()
 
-    def take(self, path: Path, start: int, size: int, *, successor: bool = True) -> MappedFile:
+    def take(self, path: Path, start: int, size: int, *, successor: bool = True,
+             allocate: int = ALLOCATION_CHUNK) -> MappedFile:
         """The file at ``path``, pre-built if it was asked for; with ``successor`` the segment
-        after it is asked for in turn."""
+        after it is asked for in turn.  ``allocate``: bytes allocated up front (see
+        :meth:`MappedFile.reserve`); raises ``OSError`` (ENOSPC) when the disk has no room
+        for them."""
         with self._lock:
             while path in self._build:  # being built right now: it is nearly there
                 self._lock.wait()
             mf = self._ready.pop(path, None)
         if mf is None:
-            mf = MappedFile(path, start, size, create=True)
+            mf = MappedFile(path, start, size, create=True, allocate=allocate)
         if successor:
             self.prefetch(mf)
         return mf
 
-    def build(self, path: Path, start: int, size: int, *, warm: int = WARM_CHUNK) -> None:
-        """Create the file at ``path`` in the background and fault in its first ``warm`` bytes,
-        for a later :meth:`take`."""
-        self._request(build=(path, start, size, warm))
+    def build(self, path: Path, start: int, size: int, *, warm: int = WARM_CHUNK,
+              allocate: int = ALLOCATION_CHUNK) -> None:
+        """Create the file at ``path`` in the background, allocating its first ``allocate``
+        bytes and faulting in its first ``warm``, for a later :meth:`take`."""
+        self._request(build=(path, start, size, warm, allocate))
 
     def warm_ahead(self, mf: MappedFile, pos: int) -> int:
         """Fault in ``mf``'s pages from ``pos`` to the end of the chunk after the one holding
@@ -239,7 +283,7 @@ class Allocator:
         self,
         *,
         warm: tuple[MappedFile, int, int] | None = None,
-        build: tuple[Path, int, int, int] | None = None,
+        build: tuple[Path, int, int, int, int] | None = None,
     ) -> None:
         with self._lock:
             if self._closed:
@@ -265,11 +309,11 @@ class Allocator:
                     self._fault_in(mf.mm, offset, size)
                 continue
             assert job is not None
-            path, (start, size, warm_bytes) = job
+            path, (start, size, warm_bytes, allocate) = job
             mf_new: MappedFile | None = None
             try:
-                mf_new = MappedFile(path, start, size, create=True)
-            except OSError as exc:
+                mf_new = MappedFile(path, start, size, create=True, allocate=allocate)
+            except (OSError, disk.AllocationUnsupported) as exc:
                 log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
             if mf_new is not None and self._warm:
                 self._fault_in(mf_new.mm, 0, min(size, warm_bytes))
@@ -364,7 +408,7 @@ class MappedFileQueue:
         path = self.directory / segment_name(start)
         if self.allocator is not None:
             mf = self.allocator.take(path, start, self.segment_size)
-        else:
+        else:  # a file written a little at a time: its writer reserves ahead
             mf = MappedFile(path, start, self.segment_size, create=True, pending=self.pending)
         self._advised(mf)
         with self.lock:
@@ -418,7 +462,7 @@ class MappedFileQueue:
             mf.destroy()
             if self.allocator is not None:
                 self.allocator.take(self.directory / segment_name(mf.end), mf.end, mf.size,
-                                    successor=False).destroy()
+                                    successor=False, allocate=0).destroy()
         return self.new_segment(start)
 
     def delete_first(self, count: int) -> list[MappedFile]:

@@ -1,9 +1,8 @@
 """The default backend: RocketMQ's store (CommitLog + ConsumeQueue + IndexFile) on mmap.
 
-Directory layout (``root`` is the store directory)::
+Directory layout (``root`` is the store directory; the lock and the abort marker are the
+shell's, :mod:`evq.backends.shell`)::
 
-    root/lock                                  flock held while open (one process per store)
-    root/abort                                 exists while open: found at start = crash
     root/checkpoint                            see checkpoint.py
     root/commitlog/<20-digit offset>           log segments, see evq.domain.record
     root/consumequeue/<topic>/<queue>/<off>    see consume_queue.py
@@ -19,52 +18,46 @@ Power loss: every file and directory here but the lock is created through
 record goes into it (the allocator builds the next one ahead), and a sync acknowledgement
 waits for msync alone.  ConsumeQueue files, created on the append path, are made durable by
 the projection flush before it writes the checkpoint.
+
+The life cycle (lock, abort marker, flusher, cleaner, close) is the shell's,
+:mod:`evq.backends.shell`; this module supplies recovery, appends, reads and expiry.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import mmap
 import os
-import shutil
 import struct
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from evq import durable_fs, logs
-from evq.backends import rules
+from evq.backends import disk, rules
 from evq.backends.config import StoreConfig
-from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
+from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
-from evq.backends.mmapfile.flush import Flusher
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
-from evq.backends.subscribers import DispatchSubscribers
+from evq.backends.shell import StoreShell
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
-    DispatchCallback,
     Dispatched,
     ExpiryReport,
     FlushMode,
     GetStatus,
     KeyQueryResult,
     LogClosed,
-    LogLocked,
-    MessageLog,
     ReadResult,
     ReplicationError,
     TagFilter,
     check_empty,
 )
-from evq.domain.message import decode_properties, host_bytes
+from evq.domain.message import decode_properties
 from evq.domain.record import TagsCodeFn, default_tags_code
 
 log = logs.get_logger(__name__)
@@ -105,7 +98,7 @@ def _topic_of_dir(name: str) -> str:
     return name
 
 
-class MmapMessageLog(MessageLog):
+class MmapMessageLog(StoreShell):
     """Open (and recover) with :meth:`open`; see the module docstring for the layout."""
 
     def __init__(
@@ -115,20 +108,10 @@ class MmapMessageLog(MessageLog):
         clock: Clock,
         tags_code_fn: TagsCodeFn,
     ):
-        self.root = root
-        self.config = config
-        self._clock = clock
-        self._tags_code_fn = tags_code_fn
-        self._host = host_bytes(config.store_host)
-        self._max_record = rules.max_record_size(config)
-        self._put_lock = threading.RLock()
-        self._closed = False
-        self._last_store_ts = 0
-        self._subscribers = DispatchSubscribers()
+        super().__init__(root, config, clock, tags_code_fn)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._new_projection_files = durable_fs.PendingSyncs()
         self._dispatched = 0  # log offset up to which projections are applied
-        self._lock_fd = -1
         self._allocator = Allocator(warm=config.warm_segments,
                                     allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
         self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
@@ -137,9 +120,6 @@ class MmapMessageLog(MessageLog):
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator)
         self._checkpoint: Checkpoint | None = None
-        self._flusher: Flusher | None = None
-        self._cleaner: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # --- opening and recovery ------------------------------------------------------------
 
@@ -158,48 +138,37 @@ class MmapMessageLog(MessageLog):
         ``background=False`` runs no cleaner thread (tests drive :meth:`expire` themselves).
         """
         self = cls(Path(root), config or StoreConfig(), clock, tags_code_fn)
-        try:
-            self._open(background)
-        except BaseException:
-            self._release()
-            raise
+        self._start(background)
         return self
 
-    def _open(self, background: bool) -> None:
-        root = self.root
-        durable_fs.make_dirs(root)
-        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LogLocked(f"{root} is in use by another process") from None
-        abort = root / "abort"
-        abnormal = abort.exists()
-        self._checkpoint = Checkpoint(root / "checkpoint")
+    def _recover(self, abnormal: bool) -> tuple[int, int]:
+        self._checkpoint = Checkpoint(self.root / "checkpoint")
         self._log.load()
         self._load_consume_queues()
         self._index.load()
-        started = time.monotonic()
-        end, cut = self._recover(abnormal)
-        log.info(
-            "store_recovered", path=str(root), abnormal=abnormal, log_end=end, cut_bytes=cut,
-            queues=len(self._cqs), seconds=round(time.monotonic() - started, 3),
-        )
-        durable_fs.touch(abort)
+        return self._recover_log(abnormal)
+
+    def _prepare_appends(self) -> None:
+        """A segment to append to, allocated a chunk past its end (whatever was written
+        before is allocated, so a full disk needs no more space for the store to open).  On a
+        full disk the store opens and serves reads: puts are refused until
+        :meth:`_allocate_again` succeeds."""
+        try:
+            self._allocate_again()
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("store_opened_on_full_disk", path=str(self.root), error=str(exc))
+            self._found_no_space(exc)
+        self._index.prepare(self._clock.now_ms())
+
+    def _allocate_again(self) -> None:
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
         else:
+            last.reserve(last.wrote + rec.BLANK_SIZE)
             self._allocator.prefetch(last)
-        self._index.prepare(self._clock.now_ms())
-        self._flusher = Flusher(
-            self.config, written=lambda: self.max_physical_offset, flush_log=self._flush_log,
-            flush_projections=self._flush_projections, durable=self.max_physical_offset,
-        )
-        if background:
-            self._cleaner = threading.Thread(target=self._clean_loop, name="evq-clean",
-                                             daemon=True)
-            self._cleaner.start()
 
     def _load_consume_queues(self) -> None:
         base = self.root / "consumequeue"
@@ -223,7 +192,7 @@ class MmapMessageLog(MessageLog):
         self._cqs[(topic, queue_id)] = cq
         return cq
 
-    def _recover(self, abnormal: bool) -> tuple[int, int]:
+    def _recover_log(self, abnormal: bool) -> tuple[int, int]:
         """Find the log end, cut what lies past it, and bring projections up to it.
 
         Normal shutdown: CRC-check the last three segments.  Crash: re-check from the last
@@ -265,7 +234,7 @@ class MmapMessageLog(MessageLog):
         dispatch_from = min(covered, index_covered, flushed) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
-            mf.wrote = mf.flushed = mf.size
+            mf.wrote = mf.flushed = mf.allocated  # (never reading a hole: see mapped_file)
         end = self._scan(scan_from, dispatch_from=dispatch_from,
                          check_crc=self.config.check_crc_on_recover)
         cut = self._cut(end)
@@ -273,6 +242,8 @@ class MmapMessageLog(MessageLog):
         return end, cut
 
     def _first_store_ts(self, mf: MappedFile) -> int:
+        if mf.allocated < rec.MIN_RECORD_SIZE:  # nothing written (and a hole to read)
+            return -1
         size, magic = rec.peek(mf.mm, 0)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return -1
@@ -305,6 +276,8 @@ class MmapMessageLog(MessageLog):
             if mf is None:
                 break
             rel = pos - mf.start
+            if rel + rec.BLANK_SIZE > mf.wrote:
+                break
             size, magic = rec.peek(mf.mm, rel)
             if rules.is_padding(size, magic, pos, mf.size):
                 pos = mf.end
@@ -404,6 +377,8 @@ class MmapMessageLog(MessageLog):
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
+            if self._refused:  # the disk is full: see evq.backends.shell
+                return AppendedBatch([REFUSED] * len(records), 0, self._host)
             now = self._clock.now_ms()
             # Store times never go backwards, so offset-for-time can binary search a queue.
             if now < self._last_store_ts:
@@ -415,55 +390,73 @@ class MmapMessageLog(MessageLog):
             store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
             min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
             fits = seg - rec.BLANK_SIZE  # a record must leave room for the BLANK after it
+            room = min(fits, mf.allocated - rec.BLANK_SIZE)  # and that BLANK is allocated
             notify: list[Dispatched] | None = [] if self._subscribers else None
             indexed: list[tuple[tuple[int, ...], int]] = []
             pack_offsets = _OFFSETS.pack_into
             add, add_indexed = places.append, indexed.append
-            for r in records:
-                data = r.data
-                n = len(data)
-                if not min_size <= n <= limit:
-                    add(ILLEGAL)
-                    continue
-                if pos + n > fits:
-                    if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end has no room
-                        _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
-                    mf.wrote = seg
-                    mf = self._log.new_segment(mf.end)
-                    mm, start, pos = mf.mm, mf.start, 0
-                phys = start + pos
-                mm[pos : pos + n] = data
-                if r.sysflag & _NO_QUEUE_ENTRY:
-                    qo = 0
-                    cq = None
-                else:
-                    key = (r.topic, r.queue_id)
-                    cq = cqs.get(key) or self._new_cq(*key)
-                    qo = cq.next_offset
-                    cq.next_offset = qo + 1
-                # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
-                # the encoder), and decide where the store fields are patched.
-                v6 = data[39] & _HOST_V6
-                if v6:
-                    self._patch_store_fields(mm, pos, v6, now)
-                else:
-                    mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
-                # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
-                # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
-                pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
-                pos += n
-                mf.wrote = pos
-                if cq is not None:
-                    cq.put(qo, phys, n, r.tags_code)
-                    if notify is not None:
-                        notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
-                                                 now, r.sysflag & ~_HOST_V6 | v6))
-                hashes = r.key_hashes
-                if hashes:
-                    add_indexed((hashes, phys))
-                add((phys, n, qo))
+            try:
+                for r in records:
+                    data = r.data
+                    n = len(data)
+                    if not min_size <= n <= limit:
+                        add(ILLEGAL)
+                        continue
+                    if pos + n > room:
+                        if pos + n > fits:
+                            if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end: none
+                                _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
+                            mf.wrote = pos = seg
+                            mf = self._log.new_segment(mf.end)
+                            mm, start, pos = mf.mm, mf.start, 0
+                            self._note_usage()
+                        # Allocated before a byte of the record is written (or OSError).
+                        mf.reserve(pos + n + rec.BLANK_SIZE)
+                        room = min(fits, mf.allocated - rec.BLANK_SIZE)
+                    if r.sysflag & _NO_QUEUE_ENTRY:
+                        qo = 0
+                        cq = None
+                    else:
+                        key = (r.topic, r.queue_id)
+                        cq = cqs.get(key) or self._new_cq(*key)
+                        qo = cq.next_offset
+                        if qo >= cq.ready_below:  # may find no space: before the record
+                            cq.prepare(qo)
+                        cq.next_offset = qo + 1
+                    phys = start + pos
+                    mm[pos : pos + n] = data
+                    # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
+                    # the encoder), and decide where the store fields are patched.
+                    v6 = data[39] & _HOST_V6
+                    if v6:
+                        self._patch_store_fields(mm, pos, v6, now)
+                    else:
+                        mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
+                    # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
+                    # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
+                    pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
+                    pos += n
+                    mf.wrote = pos
+                    if cq is not None:
+                        cq.put(qo, phys, n, r.tags_code)
+                        if notify is not None:
+                            notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
+                                                     now, r.sysflag & ~_HOST_V6 | v6))
+                    hashes = r.key_hashes
+                    if hashes:
+                        add_indexed((hashes, phys))
+                    add((phys, n, qo))
+            except OSError as exc:
+                if not disk.no_space(exc):
+                    raise
+                # The disk is full.  Whatever can fail (a segment or its next chunk, a queue's
+                # file or chunk) is allocated before a record is written, so the records
+                # appended so far stay whole and the rest are refused, as is every put until
+                # there is room again (see evq.backends.shell).
+                self._found_no_space(exc)
+                places += [REFUSED] * (len(records) - len(places))
             if indexed:
-                self._index.put(indexed, now)
+                self._put_index(indexed, now)
             self._dispatched = start + pos
             if start + pos >= self._warm_at:
                 self._warm_at = self._allocator.warm_ahead(mf, pos)
@@ -471,19 +464,20 @@ class MmapMessageLog(MessageLog):
                 self._subscribers.notify(notify)
         return AppendedBatch(places, now, host)
 
+    def _put_index(self, indexed: list[tuple[tuple[int, ...], int]], now: int) -> None:
+        """Index appended records.  The index is the one projection a full disk may cost
+        entries (RocketMQ's too): the records are stored and acknowledged by then, so a
+        lookup by key misses them, and puts are refused until there is room."""
+        try:
+            self._index.put(indexed, now)
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("index_entries_dropped", records=len(indexed), error=str(exc))
+            self._found_no_space(exc)
+
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
         rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]
-
-    def wait_durable(self, end_offset: int, timeout: float) -> bool:
-        return self._running_flusher().wait(end_offset, timeout)
-
-    def on_durable(self, end_offset: int, callback: Callable[[bool], None], timeout: float) -> None:
-        self._running_flusher().request(end_offset, callback, timeout)
-
-    def _running_flusher(self) -> Flusher:
-        if self._flusher is None:
-            raise LogClosed("the log is closed")
-        return self._flusher
 
     def _flush_log(self, target: int) -> int:
         """msync every segment holding bytes below ``target``; returns the durable end.
@@ -518,12 +512,6 @@ class MmapMessageLog(MessageLog):
             cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
             cp.physic_offset = durable
             cp.save()
-
-    def flush(self) -> None:
-        target = self.max_physical_offset
-        flusher = self._running_flusher()
-        flusher.durable = max(flusher.durable, self._flush_log(target))
-        self._flush_projections()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -622,16 +610,11 @@ class MmapMessageLog(MessageLog):
         return self._log.min_offset
 
     @property
-    def max_record_size(self) -> int:
-        return self._max_record
-
-    @property
     def max_physical_offset(self) -> int:
         return self._log.max_offset
 
-    @property
-    def durable_offset(self) -> int:
-        return self._flusher.durable if self._flusher else self.max_physical_offset
+    def _log_end(self) -> int:
+        return self._log.max_offset
 
     def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
         if self._closed:
@@ -652,11 +635,14 @@ class MmapMessageLog(MessageLog):
                     f"replicated bytes start at {physical_offset}, this log ends at {end}"
                 )
             view = memoryview(data)
+            if not self._log.files:  # its first segment found no space when the store opened
+                self._log.new_segment(end - end % self.config.commitlog_segment_size)
             while view:
                 mf = self._log.files[-1]
                 if mf.wrote == mf.size:
                     mf = self._log.new_segment(mf.end)
                 n = min(len(view), mf.size - mf.wrote)
+                mf.reserve(mf.wrote + n)  # a full disk: OSError, and the slave asks again
                 mf.mm[mf.wrote : mf.wrote + n] = view[:n]
                 mf.wrote += n
                 view = view[n:]
@@ -709,9 +695,6 @@ class MmapMessageLog(MessageLog):
 
     # --- projections, expiry, lifecycle ---------------------------------------------------
 
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        return self._subscribers.subscribe(callback)
-
     def expire(self, now_ms: int | None = None, *, force: bool = False) -> ExpiryReport:
         now = self._clock.now_ms() if now_ms is None else now_ms
         keep_ms = self.config.file_reserved_hours * 3600 * 1000
@@ -734,42 +717,7 @@ class MmapMessageLog(MessageLog):
                      bytes=deleted, min_offset=log_min)
         return ExpiryReport(len(gone), deleted, log_min)
 
-    def disk_used_ratio(self) -> float:
-        usage = shutil.disk_usage(self.root)
-        return usage.used / usage.total if usage.total else 0.0
-
-    def clean_due(self, now_ms: int, disk_ratio: float) -> tuple[bool, bool]:
-        """See :func:`evq.backends.rules.clean_due`."""
-        return rules.clean_due(self.config, now_ms, disk_ratio)
-
-    def _clean_loop(self) -> None:
-        while not self._stop.wait(self.config.clean_interval_s):
-            try:
-                due, force = self.clean_due(self._clock.now_ms(), self.disk_used_ratio())
-                if due:
-                    self.expire(force=force)
-            except Exception:
-                log.exception("clean_failed")
-
-    def close(self) -> None:
-        with self._put_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.join()
-        if self._flusher is not None:
-            self._flusher.close()
-            self._flush_projections()
-            self._flusher = None
-        end = self.max_physical_offset
-        self._release()
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / "abort").unlink()
-        log.info("store_closed", path=str(self.root), log_end=end)
-
-    def _release(self) -> None:
+    def _release_files(self) -> None:
         self._allocator.close()
         for cq in self._cqs.values():
             cq.close()
@@ -777,6 +725,3 @@ class MmapMessageLog(MessageLog):
         self._log.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing drops the flock
-            self._lock_fd = -1

@@ -162,11 +162,14 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 
     async def runtime_info(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         log = core.log
+        disk = log.disk_status
         table = {
             "brokerVersionDesc": BROKER_VERSION, "brokerVersion": BROKER_VERSION_ORDINAL,
             "commitLogMinOffset": log.min_physical_offset,
             "commitLogMaxOffset": log.max_physical_offset,
-            "commitLogDiskRatio": 0.0, "brokerRole": core.config.broker_role.value,
+            "commitLogDiskRatio": disk.used_ratio, "brokerRole": core.config.broker_role.value,
+            # Whether the store takes puts, and if not why (a full disk, with ratio and path).
+            "evqPutsRefused": str(not disk.writable).lower(), "evqPutsRefusedReason": disk.refused,
             "earliestMessageTimeStamp": earliest_store_time(log),
             "evqBackend": type(log).__name__,
             # The event loop's longest stall since the broker started (evq.net.loop_lag).

@@ -182,9 +182,11 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 
     async def send_msg_back(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         max_times = cmd.get_int("maxReconsumeTimes", None) if cmd.version >= 121 else None
-        await ctx.blocking(lambda: send_back(
+        result = await ctx.blocking(lambda: send_back(
             ctx.core, cmd.get_str("group"), cmd.get_long("offset"),
             delay_level=cmd.get_int("delayLevel", 0), max_reconsume_times=max_times))
+        if not result.ok:  # the consumer then retries the message itself: it must not be lost
+            return cmd.response(result.code, ctx.core.refusal_remark(result.status))
         return cmd.response()
 
     async def lock_batch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -210,8 +212,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         result = await ctx.blocking(
             ctx.engine.transactions.end, cmd.get_str("producerGroup"),
             cmd.get_long("tranStateTableOffset"), cmd.get_long("commitLogOffset"), commit)
-        code = result.code if result is not None else ResponseCode.SUCCESS
-        return cmd.response(code)
+        if result is not None and not result.ok:
+            return cmd.response(result.code, ctx.core.refusal_remark(result.status))
+        return cmd.response()
 
     return {
         RequestCode.HEART_BEAT: heart_beat,

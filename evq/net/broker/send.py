@@ -131,7 +131,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             result = put()
         result = await replicated(ctx, await durable(ctx, result), wait)
         if not result.appended or result.appended[0].physical_offset < 0:
-            return cmd.response(result.code, f"store put failed: {result.status.value}")
+            return cmd.response(result.code, ctx.core.refusal_remark(result.status))
         return cmd.response(result.code, None, {
             "msgId": result.msg_id, "queueId": result.queue_id,
             "queueOffset": result.queue_offset, "MSG_REGION": "DefaultRegion",
