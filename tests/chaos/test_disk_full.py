@@ -365,3 +365,25 @@ def test_over_the_wire_a_full_disk_is_answered_service_not_available_and_the_bro
             wait_until("sends taken again",
                        lambda: asyncio.run(_refused_again(port))[0] == ResponseCode.SUCCESS)
             assert broker.stop() == 0
+
+
+def test_offsets_committed_on_a_full_disk_are_kept_until_they_can_be_written(
+    small_fs: Path,
+) -> None:
+    """A snapshot the store refuses forgets nothing: the commits stay pending, are written
+    once there is room, and survive a restart."""
+    config = BrokerConfig(offset_snapshot_interval_ms=100)
+    with evq.Broker.open(small_fs / "data", store_config=CONFIG, broker_config=config) as b:
+        b.create_topic("T", 1)
+        assert b.send("T", b"x").ok
+        filler = fill(small_fs, leave=FS_MIB * MIB // 50)  # 98% used
+        wait_until("puts refused", lambda: not b.core.log.disk_status.writable)
+        b.core.commit_offset("g", "T", 0, 1)
+        with pytest.raises(BrokerError) as refused:
+            b.core.snapshot_offsets()
+        assert refused.value.code is ResponseCode.SERVICE_NOT_AVAILABLE
+        assert b.core.local_commits() == {("g", "T", 0): 1}  # still to be written
+        filler.unlink()
+        wait_until("the snapshot written", lambda: b.core.local_commits() == {})
+    with evq.Broker.open(small_fs / "data", store_config=CONFIG, broker_config=config) as b:
+        assert b.core.query_offset("g", "T", 0) == 1
