@@ -40,6 +40,7 @@ def main() -> None:
               .option("bodySchema", "id BIGINT, customer STRING, amount DOUBLE, ts BIGINT")
               .option("maxMessagesPerTrigger", "10000").load()
               .select(F.col("value.*"))
+              .where(F.col("ts").isNotNull())  # messages that are not orders are left out
               .withColumn("orderTime", F.timestamp_millis("ts")))
     per_minute = (orders.withWatermark("orderTime", "1 minute")
                   .groupBy(F.window("orderTime", "1 minute"))
