@@ -134,6 +134,10 @@ class LiveAccess:
         self._thread.stop()
 
 
+LOCK_WAIT_NOTICE_S: Final = 10.0
+"""How often a read waiting for a locked store says so."""
+
+
 class StoreAccess:
     def __init__(self, path: str, backend: str, broker_name: str, lock_wait_s: float) -> None:
         from evq.backends.registry import open_log
@@ -141,16 +145,24 @@ class StoreAccess:
         self.broker_name = broker_name
         if not Path(path).is_dir():
             raise OptionError("path", f"no evq store directory at {path}")
-        deadline = time.monotonic() + lock_wait_s
+        started = time.monotonic()
+        said = -LOCK_WAIT_NOTICE_S
         while True:
             try:
                 self._log: MessageLog = open_log(backend, path, background=False)
                 break
             except LogLocked:
-                if time.monotonic() > deadline:
+                waited = time.monotonic() - started
+                if waited > lock_wait_s:
                     raise OSError(f"the store at {path} stayed locked for {lock_wait_s:.0f} s: "
                                   "a running broker holds it (read it live with the "
                                   "'namesrv' option, or stop the broker)") from None
+                if waited - said >= LOCK_WAIT_NOTICE_S:  # a silent wait looks like a hang
+                    said = waited
+                    log.warning("waiting for a locked store", path=path,
+                                waited_s=round(waited), gives_up_after_s=round(lock_wait_s),
+                                why="a running broker holds it; stop it, or read it live "
+                                    "with the 'namesrv' option")
                 time.sleep(0.05)
 
     def queues(self, opts: SourceOptions) -> list[QueueKey]:
