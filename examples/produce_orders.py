@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 
 from evq.client.blocking import SyncProducer
 from evq.domain.message import new_message
 
 CUSTOMERS = ["ada", "grace", "alan", "barbara", "edsger"]
+PROGRESS_EVERY = 100
 
 
 def main() -> None:
@@ -28,8 +30,12 @@ def main() -> None:
     args = parser.parse_args()
     start_ms = int(time.time() * 1000 - args.backdate_minutes * 60_000)
     step_ms = args.backdate_minutes * 60_000 / max(args.orders, 1)
+    print(f"sending {args.orders} orders to {args.topic} at {args.rate:g}/s "
+          f"(about {args.orders / args.rate:.0f} s)", file=sys.stderr, flush=True)
     with SyncProducer("example-orders", args.namesrv) as producer:
         for i in range(args.orders):
+            if i and i % PROGRESS_EVERY == 0:
+                print(f"  {i} sent", file=sys.stderr, flush=True)
             customer = random.choice(CUSTOMERS)
             ts = int(start_ms + i * step_ms) if args.backdate_minutes else int(time.time() * 1000)
             order = {"id": i, "customer": customer, "amount": round(random.uniform(1, 200), 2),
