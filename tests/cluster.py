@@ -54,4 +54,5 @@ def running_cluster(root: Path) -> Iterator[Cluster]:
                 wait_registered(ns, running.addresses["broker"])
         yield Cluster((ns1, ns2), masters, slaves)
         for running in (*slaves.values(), *masters.values()):
-            assert running.stop() == 0
+            if running.alive():  # a test may have killed one
+                assert running.stop() == 0
