@@ -1,7 +1,8 @@
 """Clients against a real cluster: two name servers and two broker groups, each a master
 with a slave (``tests/cluster.py``).  Producers spread over both groups, push consumers
 (clustering and broadcasting) and pull consumers read every queue of both, orderly
-consumption keeps each key's order across groups, and a group's master killed mid-test
+consumption keeps each key's order across groups, transactions end on whichever group holds
+their half, a reset by time moves a group back on both, and a group's master killed mid-test
 costs neither the producer (it sends to the other group) nor the consumer (it reads the
 dead master's queues from its slave)."""
 
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from evq.admin.operations import Admin
 from evq.client.consumer import ConsumeFrom, ConsumerOptions, MessageModel, PushConsumer
 from evq.client.orderly import Orderly, OrderlyResult
 from evq.client.producer import Producer, SendStatus
 from evq.client.pull_consumer import PullConsumer
+from evq.client.transactions import TransactionProducer, TransactionState
 from evq.domain.message import Message, new_message
 from tests.client.inbox import Inbox
 from tests.cluster import GROUPS, Cluster, running_cluster
@@ -156,3 +159,52 @@ def test_a_group_losing_its_master_costs_neither_producer_nor_consumer(tmp_path:
         after, got = asyncio.run(after_the_kill())
         assert set(after) == {"broker-b"}  # the dead group's queues are skipped
         assert sorted(set(got), key=int) == [b"%d" % i for i in range(40)]
+
+
+class CommitEven:
+    """Commits the local transaction of even-numbered messages, rolls back the odd."""
+
+    def execute(self, msg: Message, arg: object) -> TransactionState:
+        return TransactionState.COMMIT if int(msg.payload()) % 2 == 0 else \
+            TransactionState.ROLLBACK
+
+    def check(self, msg: Message) -> TransactionState:
+        return self.execute(msg, None)
+
+
+async def test_transactions_end_on_whichever_group_holds_the_half(cluster: Cluster) -> None:
+    spread_topic(cluster, "CTx")
+    brokers = set()
+    async with TransactionProducer("PG-tx", cluster.namesrv, CommitEven()) as p:
+        for i in range(12):
+            r = await p.send_in_transaction(new_message("CTx", b"%d" % i))
+            brokers.add(r.send.queue.broker_name)
+    assert brokers == set(GROUPS)
+    async with PullConsumer("G-tx", cluster.namesrv) as pc:
+        await pc.assign(await pc.queues("CTx"))
+        got: list[Message] = []
+        async with asyncio.timeout(20):
+            while len(got) < 6:
+                got += await pc.poll_all(wait_ms=500)
+        got += await pc.poll_all(wait_ms=200)  # nothing else: the odd ones rolled back
+    assert sorted(int(m.payload()) for m in got) == list(range(0, 12, 2))
+
+
+async def test_reset_by_time_moves_the_group_back_on_both_groups(cluster: Cluster) -> None:
+    spread_topic(cluster, "CReset")
+    await send_all(cluster, "CReset", 16)
+    first = Inbox()
+    c = PushConsumer("G-reset", cluster.namesrv, listener=first, options=FAST)
+    c.subscribe("CReset")
+    async with c:
+        await first.until(16)
+    async with Admin(cluster.namesrv) as admin:
+        rows = await admin.reset_offset_by_time("G-reset", "CReset", 0)
+    assert {r.broker_name for r in rows} == set(GROUPS)
+    assert all(r.offset == 0 for r in rows)
+    again = Inbox()
+    c = PushConsumer("G-reset", cluster.namesrv, listener=again, options=FAST)
+    c.subscribe("CReset")
+    async with c:
+        await again.until(16)
+    assert sorted(set(again.payloads()), key=int) == [b"%d" % i for i in range(16)]
