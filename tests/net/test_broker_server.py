@@ -49,6 +49,8 @@ async def test_send_then_pull_with_every_header_a_string(tmp_path: Path) -> None
         assert p.ext_fields["nextBeginOffset"] == "1"
         (m,) = list(iter_records(p.body))
         assert (m.body, m.tags, m.born_host[0]) == (b"hello", "a", "127.0.0.1")
+        table = json.loads((await call(c, RequestCode.GET_BROKER_RUNTIME_INFO)).body)["table"]
+        assert (table["msgPutTotalTodayNow"], table["msgGetTotalTodayNow"]) == ("1", "1")
 
 
 async def test_v2_headers_batches_and_errors(tmp_path: Path) -> None:
@@ -185,6 +187,9 @@ async def test_admin_topic_and_stats(tmp_path: Path) -> None:
         assert 0 < int(table["earliestMessageTimeStamp"]) <= time.time() * 1000
         assert 0 < float(table["commitLogDiskRatio"]) < 1  # the data dir's disk, not 0.0
         assert (table["evqPutsRefused"], table["evqPutsRefusedReason"]) == ("false", "")
+        assert table["commitLogDirCapacity"].startswith("Total : ")
+        assert int(table["bootTimestamp"]) <= time.time() * 1000
+        assert table["runtime"].startswith("[ 0 days, 0 hours, ")
         r = await call(c, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "A"})
         assert r.code == ResponseCode.SUCCESS
         r = await call(c, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "A"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 from evq.domain import topics as tp
 from evq.domain.codes import BrokerError, ResponseCode
@@ -32,6 +33,15 @@ def earliest_store_time(log: MessageLog) -> int:
     RocketMQ's ``earliestMessageTimeStamp``."""
     view = log.lookup(log.min_physical_offset) if log.max_physical_offset > 0 else None
     return read_fields(view, 0, check_crc=False).store_timestamp if view is not None else 0
+
+
+def capacity(path: str) -> str:
+    """RocketMQ's ``commitLogDirCapacity``: the data disk's total and free space."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError as exc:
+        return f"unknown: {exc.strerror}"
+    return f"Total : {usage.total / 2**30:.1f} GiB, Free : {usage.free / 2**30:.1f} GiB."
 
 
 def reset_offset_body(ctx: BrokerContext, group: str, topic: str, offsets: dict[int, int],
@@ -174,6 +184,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "evqBackend": type(log).__name__,
             # The event loop's longest stall since the broker started (evq.net.loop_lag).
             "evqLoopStallMaxMs": round(ctx.loop_lag.max_stall * 1000, 3),
+            "commitLogDirCapacity": capacity(disk.path),
+            **ctx.stats.runtime_fields(core.clock.now_ms()),
         }
         return cmd.response(body=json.dumps(
             {"table": {k: str(v) for k, v in table.items()}}).encode())

@@ -15,6 +15,7 @@ from evq.domain.membership import GroupMembership
 from evq.domain.message import Host
 from evq.embedded import Broker as Engine
 from evq.net import execution
+from evq.net.broker.stats import BrokerStats
 from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
 from evq.net.loop_lag import LoopLag
@@ -37,6 +38,7 @@ class BrokerContext:
     clients: weakref.WeakKeyDictionary[object, tuple[int, int]] = attrs.field(
         factory=weakref.WeakKeyDictionary)
     loop_lag: LoopLag = attrs.field(factory=LoopLag)  # watched while the broker serves
+    stats: BrokerStats = attrs.field(factory=lambda: BrokerStats(boot_ms=0))
 
     @property
     def core(self) -> Broker:

@@ -34,7 +34,8 @@ def subscription_of(ctx: BrokerContext, cmd: RemotingCommand, group: str, topic:
     return registered
 
 
-def answer(cmd: RemotingCommand, r: PullResult) -> RemotingCommand:
+def answer(ctx: BrokerContext, cmd: RemotingCommand, r: PullResult) -> RemotingCommand:
+    ctx.stats.messages_got += len(r.records)
     return cmd.response(r.code, r.status.value, {
         "suggestWhichBrokerId": r.suggest_which_broker_id,
         "nextBeginOffset": r.next_begin_offset,
@@ -56,7 +57,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         r = ctx.core.pull(group, topic, queue_id, offset, max_count=max_count,
                           subscription=sub, commit_offset=commit)
         if r.code is not ResponseCode.PULL_NOT_FOUND or not flags & FLAG_SUSPEND:
-            return answer(cmd, r)
+            return answer(ctx, cmd, r)
         timeout = min(cmd.get_long("suspendTimeoutMillis", 15_000) / 1000, MAX_SUSPEND_S)
 
         def arrived() -> bool:
@@ -64,7 +65,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 
         await ctx.holds.wait(topic, queue_id, offset, timeout, sub.tag_filter, recheck=arrived)
         await conn.writable()  # many parked pulls wake at once: read for one answer at a time
-        return answer(cmd, ctx.core.pull(group, topic, queue_id, offset, max_count=max_count,
-                                         subscription=sub))
+        return answer(ctx, cmd, ctx.core.pull(group, topic, queue_id, offset,
+                                              max_count=max_count, subscription=sub))
 
     return {RequestCode.PULL_MESSAGE: pull}

@@ -130,6 +130,10 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         else:
             result = put()
         result = await replicated(ctx, await durable(ctx, result), wait)
+        if result.ok:
+            ctx.stats.messages_put += len(result.appended)
+        else:
+            ctx.stats.puts_refused += 1
         if not result.appended or result.appended[0].physical_offset < 0:
             return cmd.response(result.code, ctx.core.refusal_remark(result.status))
         return cmd.response(result.code, None, {

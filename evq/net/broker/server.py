@@ -31,6 +31,7 @@ from evq.ha.slave import HASlave
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.context import BrokerContext
 from evq.net.broker.names import names_checked
+from evq.net.broker.stats import BrokerStats
 from evq.net.codes import RequestCode
 from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
@@ -138,7 +139,7 @@ class BrokerServer:
         durable = (DurableWaker(loop, engine.core.log, store_config.sync_flush_timeout_ms / 1000)
                    if store_config.flush is FlushMode.SYNC_FLUSH else None)
         ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
-                            durable=durable)
+                            durable=durable, stats=BrokerStats(boot_ms=self._clock.now_ms()))
         engine.transactions.port = CheckBack(ctx)
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
