@@ -3,18 +3,25 @@ against an ``evq serve`` on the default ports it names, from a fresh directory.
 
 A block the suite cannot run says why in the README source, in a comment right before it
 (``<!-- not run by tests/test_readme.py: REASON -->``): the set-up commands CI itself runs,
-servers that run until stopped, the chaos suite.  Every other block runs, so a new block is
-tested by default; ``text`` blocks are usage synopses and never run.
+Spark, the chaos suite.  A block of servers that run until stopped, one a line
+(``<!-- run by tests/test_readme.py as servers: ... -->``), is started a line a process, each
+waited for until it listens, checked with a message through them, and stopped with SIGTERM.
+Every other block runs, so a new block is tested by default; ``text`` blocks are usage
+synopses and never run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import attrs
 import pytest
@@ -23,6 +30,7 @@ from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
 
 README = REPO_ROOT / "README.md"
 NOT_RUN = re.compile(r"<!-- not run by tests/test_readme\.py: (?P<why>[^>]+) -->\n*$")
+SERVERS = re.compile(r"<!-- run by tests/test_readme\.py as servers: [^>]+ -->\n*$")
 FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```$", re.S | re.M)
 BLOCK_TIMEOUT_S = 120.0
 
@@ -33,15 +41,17 @@ class Block:
     lang: str
     body: str
     not_run: str | None
+    servers: bool = False
 
 
 def blocks() -> list[Block]:
     text = README.read_text()
     found = []
     for m in FENCE.finditer(text):
-        skip = NOT_RUN.search(text[: m.start()])
+        before = text[: m.start()]
+        skip = NOT_RUN.search(before)
         found.append(Block(text.count("\n", 0, m.start()) + 1, m["lang"], m["body"],
-                           skip["why"] if skip else None))
+                           skip["why"] if skip else None, SERVERS.search(before) is not None))
     return found
 
 
@@ -79,9 +89,56 @@ def run_block(block: Block, work: Path) -> subprocess.CompletedProcess[str]:
 def test_the_readme_runs_as_written(served: Path) -> None:
     (served / "examples").symlink_to(REPO_ROOT / "examples")  # `python examples/...` as written
     for block in RUNNABLE:
-        if block.not_run is not None:
+        if block.not_run is not None or block.servers:
             continue
         out = run_block(block, served)
         assert out.returncode == 0, (
             f"README line {block.line} ({block.lang}) failed with {out.returncode}:\n"
             f"{block.body}\n--- stdout\n{out.stdout[-2000:]}\n--- stderr\n{out.stderr[-3000:]}")
+
+
+SERVER_BLOCKS = [b for b in RUNNABLE if b.servers]
+LISTENING = re.compile(r"evq (namesrv|broker) listening on ")
+LISTEN_WAIT_S = 60.0
+
+
+def test_server_blocks_run_as_written(tmp_path: Path) -> None:
+    """Each line of a server block in a process of its own, as a user runs it in terminals;
+    then a message sent through them is consumed, and each stops cleanly on SIGTERM."""
+    assert SERVER_BLOCKS, "the HA section's servers are no longer marked"
+    env = {**python_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                   f"{os.environ.get('PATH', '')}"}
+    for block in SERVER_BLOCKS:
+        lines = [x for x in block.body.replace("\\\n", " ").splitlines() if x.strip()]
+        with contextlib.ExitStack() as stack:
+            procs = []
+            for line in lines:
+                proc = stack.enter_context(subprocess.Popen(
+                    ["bash", "-c", f"exec {line}"], cwd=tmp_path, env=env, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+                stack.callback(lambda p=proc: p.poll() is None and p.kill())
+                procs.append(proc)
+                assert proc.stdout is not None
+                seen = threading.Event()
+                threading.Thread(target=lambda s=proc.stdout, e=seen: _wait_listening(s, e),
+                                 daemon=True).start()
+                assert seen.wait(LISTEN_WAIT_S), (
+                    f"README line {block.line}: {line!r} never listened")
+            sent = subprocess.run(["bash", "-c", "echo through-ha | evq produce -t ha-readme"],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=BLOCK_TIMEOUT_S, check=False)
+            assert sent.returncode == 0 and '"SEND_OK"' in sent.stdout, sent.stderr
+            got = subprocess.run(["bash", "-c", "evq consume -t ha-readme -g readme "
+                                  "--from-beginning --count 1"], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
+                                 check=False)
+            assert got.stdout == "through-ha\n", got.stderr
+            for proc in reversed(procs):
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(30) == 0
+
+
+def _wait_listening(stream: IO[str], seen: threading.Event) -> None:
+    for line in stream:
+        if LISTENING.search(line):
+            seen.set()
