@@ -77,9 +77,14 @@ def served(tmp_path: Path) -> Iterator[Path]:
         assert evq.stop() == 0
 
 
+def venv_env() -> dict[str, str]:
+    """The environment of a shell with the venv active: ``evq`` and ``python`` are its own."""
+    return {**python_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                    f"{os.environ.get('PATH', '')}"}
+
+
 def run_block(block: Block, work: Path) -> subprocess.CompletedProcess[str]:
-    env = {**python_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
-                                   f"{os.environ.get('PATH', '')}"}
+    env = venv_env()
     command = (["bash", "-euo", "pipefail", "-c", block.body] if block.lang == "sh"
                else [sys.executable, "-c", block.body])
     return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True,
@@ -106,8 +111,7 @@ def test_server_blocks_run_as_written(tmp_path: Path) -> None:
     """Each line of a server block in a process of its own, as a user runs it in terminals;
     then a message sent through them is consumed, and each stops cleanly on SIGTERM."""
     assert SERVER_BLOCKS, "the HA section's servers are no longer marked"
-    env = {**python_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
-                                   f"{os.environ.get('PATH', '')}"}
+    env = venv_env()
     for block in SERVER_BLOCKS:
         lines = [x for x in block.body.replace("\\\n", " ").splitlines() if x.strip()]
         with contextlib.ExitStack() as stack:
