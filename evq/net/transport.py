@@ -66,6 +66,7 @@ from typing import Any, Final, TypeVar, cast
 import attrs
 
 from evq import logs
+from evq.acl.signature import signed_fields
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.protocol import (
@@ -76,6 +77,7 @@ from evq.net.protocol import (
     ProtocolError,
     RemotingCommand,
 )
+from evq.net.security import ClientSecurity
 
 _uvloop_factory: Callable[[], asyncio.AbstractEventLoop] | None
 try:
@@ -200,8 +202,10 @@ class Connection(asyncio.Protocol):
         clock: Clock,
         *,
         pause_on_write: bool,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.id = next(_connection_ids)
+        self._credentials = security.credentials if security is not None else None
         self.peer = "?"
         self.local = "?"
         self._dispatcher = dispatcher
@@ -284,6 +288,7 @@ class Connection(asyncio.Protocol):
         """Send ``cmd`` (its opaque is assigned here) and wait for the peer's answer."""
         cmd.flag &= ~ONEWAY_FLAG
         cmd.opaque = self._opaques()
+        self._sign(cmd)
         future = asyncio.get_running_loop().create_future()
         self._pending[cmd.opaque] = future
         try:
@@ -302,6 +307,7 @@ class Connection(asyncio.Protocol):
         """Send ``cmd`` with the oneway flag; the peer answers nothing."""
         cmd.flag |= ONEWAY_FLAG
         cmd.opaque = self._opaques()
+        self._sign(cmd)
         self._write(cmd)
 
     def close(self) -> None:
@@ -322,6 +328,12 @@ class Connection(asyncio.Protocol):
         """Take no further requests from the peer; running ones still answer."""
         self._stopped = True
         self._update_reading()
+
+    def _sign(self, cmd: RemotingCommand) -> None:
+        """Sign a request this side sends, as RocketMQ's ``AclClientRPCHook`` does: every
+        request of a connection opened with credentials, answers never."""
+        if self._credentials is not None:
+            cmd.ext_fields = signed_fields(self._credentials, cmd.ext_fields, cmd.body)
 
     def _write(self, cmd: RemotingCommand) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -584,11 +596,13 @@ class RemotingClient:
         *,
         config: TransportConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.dispatcher = dispatcher or Dispatcher()
         self.config = config or TransportConfig()
+        self.security = security
         self._clock = clock
         self._conn: Connection | None = None
         self._connecting = asyncio.Lock()
@@ -631,10 +645,12 @@ class RemotingClient:
             async with asyncio.timeout(self.config.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(
-                        self.dispatcher, self.config, self._clock, pause_on_write=False
+                        self.dispatcher, self.config, self._clock, pause_on_write=False,
+                        security=self.security,
                     ),
                     self.host,
                     self.port,
+                    ssl=self.security.tls if self.security is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {self.address}: {exc or 'timed out'}") from exc
