@@ -25,7 +25,9 @@ def main() -> None:
     parser.add_argument("-n", "--namesrv", default="127.0.0.1:9876")
     parser.add_argument("--source", default="orders")
     parser.add_argument("--sink", default="orders-per-minute")
-    parser.add_argument("--checkpoint", default="/tmp/evq-orders-per-minute")
+    parser.add_argument("--checkpoint", default="./evq-checkpoints/orders-per-minute",
+                        help="where the query keeps its progress (beside ./evq-data: a "
+                             "store wiped means this goes too)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="stop after this long (default: run until interrupted)")
     args = parser.parse_args()
