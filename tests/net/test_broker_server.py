@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from evq.domain.codes import ResponseCode
 from evq.domain.log import FlushMode
 from evq.domain.message import Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
+from evq.net.broker.stats import BrokerStats
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient
@@ -51,6 +53,22 @@ async def test_send_then_pull_with_every_header_a_string(tmp_path: Path) -> None
         assert (m.body, m.tags, m.born_host[0]) == (b"hello", "a", "127.0.0.1")
         table = json.loads((await call(c, RequestCode.GET_BROKER_RUNTIME_INFO)).body)["table"]
         assert (table["msgPutTotalTodayNow"], table["msgGetTotalTodayNow"]) == ("1", "1")
+        assert int(table["putMessageSizeTotal"]) > len(b"hello")  # the whole stored record
+        for key in ("putTps", "getTransferedTps", "getFoundTps", "getMissTps", "getTotalTps"):
+            assert re.fullmatch(r"\d+\.\d\d \d+\.\d\d \d+\.\d\d", table[key]), (key, table[key])
+
+
+def test_rates_over_rocketmqs_three_windows() -> None:
+    stats = BrokerStats(boot_ms=0)
+    assert stats.runtime_fields(0)["putTps"] == "0.00 0.00 0.00"  # nothing sampled yet
+    for second in range(0, 601):
+        stats.messages_put += 5 if second <= 590 else 50  # a burst in the last ten seconds
+        stats.pulls_missed += 1
+        stats.sample(second * 1000)
+    fields = stats.runtime_fields(601_000)
+    assert fields["putTps"] == "50.00 12.50 5.75"  # 10 s, 60 s and 600 s back
+    assert fields["getMissTps"] == fields["getTotalTps"] == "1.00 1.00 1.00"
+    assert fields["getFoundTps"] == "0.00 0.00 0.00"
 
 
 async def test_v2_headers_batches_and_errors(tmp_path: Path) -> None:

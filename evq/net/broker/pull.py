@@ -35,7 +35,12 @@ def subscription_of(ctx: BrokerContext, cmd: RemotingCommand, group: str, topic:
 
 
 def answer(ctx: BrokerContext, cmd: RemotingCommand, r: PullResult) -> RemotingCommand:
-    ctx.stats.messages_got += len(r.records)
+    stats = ctx.stats
+    if r.records:
+        stats.messages_got += len(r.records)
+        stats.pulls_found += 1
+    else:
+        stats.pulls_missed += 1
     return cmd.response(r.code, r.status.value, {
         "suggestWhichBrokerId": r.suggest_which_broker_id,
         "nextBeginOffset": r.next_begin_offset,

@@ -147,6 +147,7 @@ class BrokerServer:
         self.ctx = ctx
         self._tasks.append(loop.create_task(self._scan_members()))
         self._tasks.append(loop.create_task(ctx.loop_lag.run()))
+        self._tasks.append(loop.create_task(ctx.stats.sample_forever(self._clock)))
         await self._start_ha(ctx)
         await self.server.start_serving()  # ready: only now may a name server route here
         if s.net.namesrv_list:
