@@ -532,6 +532,7 @@ def _bench_backends_rerun(args: argparse.Namespace) -> str:
 def _cmd_bench_backends(args: argparse.Namespace) -> int:
     from evq.bench.backends import (
         BackendsBenchOptions,
+        charts_available,
         memory_step,
         run_backends_bench,
         write_report,
@@ -555,6 +556,8 @@ def _cmd_bench_backends(args: argparse.Namespace) -> int:
     else:
         print(files[0].read_text(), end="")
         print(f"written: {', '.join(str(f) for f in files)}")
+        if not charts_available():
+            print("no charts: they need matplotlib (pip install -e '.[bench]')", file=sys.stderr)
     return 0
 
 

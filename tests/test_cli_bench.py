@@ -188,3 +188,19 @@ def test_bench_net_refuses_a_batch_over_the_frame_limit() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "frame limit" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bench_backends_without_matplotlib_writes_the_table_and_says_why(tmp_path: Path) -> None:
+    """matplotlib is the ``bench`` extra, not a broker dependency: without it the report is
+    the markdown table, and the command says where the charts went."""
+    out = tmp_path / "report"
+    hide = ("import sys; sys.modules['matplotlib'] = None; from evq.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run(
+        [sys.executable, "-c", hide, "bench", "backends", "--backends", "memory",
+         "--messages", "200", "--size", "64", "--sync-messages", "20", "--lookups", "20",
+         "--writers", "2", "--data", str(tmp_path / "scratch"), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["backends.md"]
+    assert "no charts: they need matplotlib (pip install -e '.[bench]')" in proc.stderr

@@ -28,6 +28,7 @@ default, 1 GiB in production) shows in its disk figure at small N.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import platform
 import random
@@ -433,6 +434,12 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def charts_available() -> bool:
+    """Whether matplotlib (the ``bench`` extra) is installed: a broker install has no
+    plotting library, and the report is then the markdown table alone."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_charts(results: dict[str, BackendFigures], out: Path) -> list[Path]:
     """PNG bar charts, one panel per figure with its own axis: throughputs, recovery and
     disk, scale ratios."""
@@ -476,4 +483,4 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     md = out / "backends.md"
     md.write_text(format_markdown(results, rerun, step))
-    return [md, *write_charts(results, out)]
+    return [md, *(write_charts(results, out) if charts_available() else [])]
