@@ -43,10 +43,16 @@ class NetSettings:
     master_ha_addr: str = ""  # a slave's master HA address; else learnt from the name server
     register_name_server_period_ms: int = 30_000
     metadata_url: str = ""  # SQLAlchemy URL; default a SQLite file in the data dir
+    acl_enable: bool = False  # RocketMQ's aclEnable: check every request against acl_file
+    acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
 
     @property
     def namesrv_list(self) -> list[str]:
         return [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+
+    @property
+    def acl_path(self) -> Path:
+        return Path(self.acl_file or Path(self.store_path_root_dir) / "conf" / "plain_acl.yml")
 
     @property
     def ha_port(self) -> int:

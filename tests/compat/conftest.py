@@ -31,11 +31,14 @@ def served(tmp_path: Path) -> Iterator[Served]:
         assert running.stop() == 0
 
 
-def stock(*args: str, timeout: float = 60) -> list[dict[str, Any]]:
-    """Run the stock C++ client driver to completion; its JSON lines."""
+def stock(*args: str, timeout: float = 60, env: dict[str, str] | None = None
+          ) -> list[dict[str, Any]]:
+    """Run the stock C++ client driver to completion (``env`` adds variables); its JSON
+    lines."""
     out = subprocess.run(
         [sys.executable, "-m", "tests.compat.stock_client", *args], capture_output=True,
-        text=True, cwd=REPO_ROOT, env=python_env(), timeout=timeout, check=False)
+        text=True, cwd=REPO_ROOT, env={**python_env(), **(env or {})}, timeout=timeout,
+        check=False)
     lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
     assert lines and lines[-1] == {"done": True}, (out.returncode, out.stdout[-2000:],
                                                    out.stderr[-2000:])
@@ -47,10 +50,10 @@ STARTED: list[subprocess.Popen[str]] = []
 failing test left behind, so a dead or stuck client fails its own test and no other."""
 
 
-def start_stock(*args: str) -> subprocess.Popen[str]:
+def start_stock(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-m", "tests.compat.stock_client", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            cwd=REPO_ROOT, env=python_env())
+                            cwd=REPO_ROOT, env={**python_env(), **(env or {})})
     STARTED.append(proc)
     return proc
 

@@ -10,11 +10,15 @@ load it into the pytest process: they run this module and read one JSON object p
 
 ``produce-forever`` sends until it is killed, through broker crashes: every answer and every
 failure is one line, so a chaos test can tell exactly what was acknowledged.
+
+With ``STOCK_ACCESS_KEY`` and ``STOCK_SECRET_KEY`` in the environment, every client signs its
+requests (``set_session_credentials``, channel ALIYUN), as an application on an ACL cluster.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -40,6 +44,14 @@ def emit(obj: dict[str, Any]) -> None:
     with _out:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
+
+
+def with_credentials(client: Any) -> Any:
+    """``client`` with the environment's session credentials set, when there are some."""
+    access_key = os.environ.get("STOCK_ACCESS_KEY")
+    if access_key:
+        client.set_session_credentials(access_key, os.environ["STOCK_SECRET_KEY"], "ALIYUN")
+    return client
 
 
 def message(topic: str, i: int) -> Message:
@@ -87,7 +99,7 @@ def routed(send: Callable[..., T], *args: Any) -> T:
 
 
 def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
-    producer = Producer(f"PG-{mode}", timeout=5000)
+    producer = with_credentials(Producer(f"PG-{mode}", timeout=5000))
     producer.set_namesrv_addr(namesrv)
     producer.start()
     done = threading.Semaphore(0)
@@ -132,7 +144,7 @@ def produce_forever(namesrv: str, topic: str, tag: str) -> None:
     """Synchronous sends of ``TAG-i`` (as the ``seq`` property and the body) until killed; a
     failed send is reported and the next one follows (as an application that logs and goes
     on would), so a broker down for a while costs sends, not the producer."""
-    producer = Producer(f"PG-{tag}", timeout=3000)
+    producer = with_credentials(Producer(f"PG-{tag}", timeout=3000))
     producer.set_namesrv_addr(namesrv)
     producer.start()
     i = 0
@@ -154,8 +166,8 @@ def produce_forever(namesrv: str, topic: str, tag: str) -> None:
 
 def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fail: bool,
             seconds: float) -> None:
-    consumer = PushConsumer(group, orderly=orderly, message_model=(
-        MessageModel.BROADCASTING if model == "broadcasting" else MessageModel.CLUSTERING))
+    consumer = with_credentials(PushConsumer(group, orderly=orderly, message_model=(
+        MessageModel.BROADCASTING if model == "broadcasting" else MessageModel.CLUSTERING)))
     consumer.set_namesrv_addr(namesrv)
     failed: set[str] = set()
 
@@ -177,7 +189,7 @@ def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fai
 
 
 def pull(namesrv: str, topic: str, group: str) -> None:
-    consumer = PullConsumer(group)
+    consumer = with_credentials(PullConsumer(group))
     consumer.set_namesrv_addr(namesrv)
     consumer.start()
     try:
