@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NoReturn
 from evq import logs
 from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
+from evq.client.security_flags import SecurityFlagError, add_security_flags, client_security
 from evq.domain.log import FlushMode
 
 if TYPE_CHECKING:
@@ -566,6 +567,7 @@ def _add_produce(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                             description="Send each line of stdin to a topic; print one JSON "
                                         "send result per line.")
     add_namesrv_flag(p)
+    add_security_flags(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-p", "--group", default="evq-cli-producer", help="producer group")
     p.add_argument("--tags", default=None)
@@ -578,7 +580,8 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     from evq.client.scripts import ProduceOptions, produce
 
     return produce(ProduceOptions(namesrv=args.namesrv, topic=args.topic, group=args.group,
-                                  tags=args.tags, keys=args.keys, batch=args.batch))
+                                  tags=args.tags, keys=args.keys, batch=args.batch,
+                                  security=client_security(args)))
 
 
 def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -588,6 +591,7 @@ def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                         "until --count, --idle-timeout, SIGTERM or SIGINT, "
                                         "and commits its offsets however it stops.")
     add_namesrv_flag(p)
+    add_security_flags(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-s", "--expression", default="*", help="tag expression (default: *)")
@@ -608,7 +612,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
     return consume(ConsumeOptions(
         namesrv=args.namesrv, topic=args.topic, group=args.group, expression=args.expression,
         from_beginning=args.from_beginning, count=args.count, idle_timeout=args.idle_timeout,
-        json=args.json, wait_for_topic=args.wait_for_topic))
+        json=args.json, wait_for_topic=args.wait_for_topic, security=client_security(args)))
 
 
 # --- the parser and the entry point ---------------------------------------------------------
@@ -650,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (UnknownBackend, UsageError) as exc:
+    except (UnknownBackend, UsageError, SecurityFlagError) as exc:
         _fail(exc)
         return EXIT_USAGE
     except Exception as exc:
