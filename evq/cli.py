@@ -389,11 +389,18 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slave-read-enable", dest="slave_read_enable", action="store_true",
                    default=None, help="a slave serves pulls (RocketMQ's slaveReadEnable; "
                                       "default off: consumers read from the master)")
+    p.add_argument("--access-key", dest="access_key", default=None, metavar="KEY",
+                   help="the broker's own account, signing its registrations and a slave's "
+                        "HA handshake (broker.conf accessKey; default: $EVQ_ACCESS_KEY)")
+    p.add_argument("--secret-key", dest="secret_key", default=None, metavar="SECRET",
+                   help="its secret (broker.conf secretKey; default: $EVQ_SECRET_KEY, safer "
+                        "than a flag, which other users see in ps)")
 
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr", "slave_read_enable")
+                 "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
+                 "secret_key")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:

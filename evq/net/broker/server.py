@@ -38,6 +38,7 @@ from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
 from evq.net.registration import BrokerRegistrar
+from evq.net.security import ClientSecurity
 from evq.net.transport import (
     Connection,
     Dispatcher,
@@ -101,6 +102,9 @@ class BrokerServer:
         self.ha_slave: HASlave | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
+        credentials = settings.net.credentials
+        self._security = ClientSecurity(credentials) if credentials is not None else None
+        """What this broker signs with where it is a client: name servers, its master."""
 
     @property
     def address(self) -> str:
@@ -158,7 +162,8 @@ class BrokerServer:
                                broker_name=s.broker.broker_name, broker_id=s.broker.broker_id,
                                broker_addr=self.address,
                                ha_server_addr=self.ha_address or ""),
-                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0)
+                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0,
+                security=self._security)
             ctx.topics_changed = self.registrar.register_now
             await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
@@ -205,7 +210,8 @@ class BrokerServer:
     async def _send_offsets(self, master: str, commits: dict[tuple[str, str, int], int]
                             ) -> None:
         try:
-            async with RemotingClient(*split_address(master), clock=self._clock) as client:
+            async with RemotingClient(*split_address(master), clock=self._clock,
+                                      security=self._security) as client:
                 for (group, topic, queue_id), offset in commits.items():
                     await client.invoke(RemotingCommand.request(
                         RequestCode.UPDATE_CONSUMER_OFFSET,
