@@ -9,7 +9,10 @@ from some clients, ``SecurityToken`` and ``OnsChannel``.  The signature is::
 Key order is Java's ``TreeMap`` order (UTF-16 code units); extField keys are ASCII, where that
 is code-point order.  Both stock clients sign this way: Java adds ``AccessKey`` (and a
 non-empty ``SecurityToken``) before signing, the C++ client ``AccessKey`` and ``OnsChannel``;
-the broker signs back whatever fields arrived, so any field a client adds is covered.
+the broker signs back whatever fields arrived, so any field a client adds is covered, except
+QUERY_MESSAGE's ``_UNIQUE_KEY_QUERY`` flag: RocketMQ's verifier (``PlainAccessValidator.parse``,
+since 4.7) leaves it out of what it checks, so a signer that covered it would be refused by a
+RocketMQ broker, and evq leaves it out on both sides.
 Values are signed as the strings the broker sees (a JSON number ``3`` is ``"3"``), which is
 why the header must be coerced to strings before :func:`sign` runs on either side.
 """
@@ -27,6 +30,8 @@ import attrs
 ACCESS_KEY: Final = "AccessKey"
 SIGNATURE: Final = "Signature"
 SECURITY_TOKEN: Final = "SecurityToken"
+UNIQUE_KEY_QUERY: Final = "_UNIQUE_KEY_QUERY"  # RocketMQ's MixAll.UNIQUE_MSG_QUERY_FLAG
+UNSIGNED_FIELDS: Final = frozenset({SIGNATURE, UNIQUE_KEY_QUERY})
 
 
 @attrs.frozen(slots=True, repr=False)
@@ -41,8 +46,9 @@ class Credentials:
 
 
 def signed_content(fields: Mapping[str, str], body: bytes) -> bytes:
-    """The bytes a signature covers: sorted field values (``Signature`` left out), then body."""
-    text = "".join(fields[k] for k in sorted(fields) if k != SIGNATURE)
+    """The bytes a signature covers: sorted field values (:data:`UNSIGNED_FIELDS` left out),
+    then the body."""
+    text = "".join(fields[k] for k in sorted(fields) if k not in UNSIGNED_FIELDS)
     return text.encode("utf-8") + body
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from evq.acl.signature import (
     ACCESS_KEY,
     SIGNATURE,
+    UNIQUE_KEY_QUERY,
     Credentials,
     sign,
     signature_matches,
@@ -72,3 +73,11 @@ def test_a_client_with_credentials_signs_each_request() -> None:
     assert [c.ext_fields[ACCESS_KEY] for c in seen] == ["ak", "ak"]
     assert all(signature_matches("sk", c.ext_fields, c.body) for c in seen)
     assert seen[0].ext_fields["n"] == "3"  # signed as the string the server sees
+
+
+def test_the_unique_key_query_flag_is_not_signed() -> None:
+    # As RocketMQ's PlainAccessValidator: the flag may change without breaking the signature.
+    fields = {"topic": "T", "key": "k"}
+    signed = signed_fields(Credentials("ak", "sk"), {**fields, UNIQUE_KEY_QUERY: "true"}, b"")
+    assert signed[SIGNATURE] == sign("sk", {**fields, ACCESS_KEY: "ak"}, b"")
+    assert signature_matches("sk", {**signed, UNIQUE_KEY_QUERY: "false"}, b"")
