@@ -107,6 +107,10 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on, 0 for any free one (default: {DEFAULT_PORT})")
+    p.add_argument("--acl-file", type=Path, default=None, metavar="FILE",
+                   help="a RocketMQ plain_acl.yml: broker registration, KV config and topic "
+                        "deletion then need an admin account's signature (lookups stay "
+                        "open); the file is re-read when it changes")
     p.set_defaults(handler=_cmd_namesrv)
 
 
@@ -115,7 +119,7 @@ def _cmd_namesrv(args: argparse.Namespace) -> int:
     from evq.net.transport import run_until_signal
 
     async def serve(stop: asyncio.Event) -> int:
-        server = NameServer(args.host, args.port)
+        server = NameServer(args.host, args.port, acl_file=args.acl_file)
         try:
             await server.start()
         except OSError as exc:
