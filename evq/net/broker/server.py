@@ -177,7 +177,8 @@ class BrokerServer:
         if s.broker.is_slave:
             self.ha_slave = HASlave(message_log, self._master_ha_addr,
                                     on_streaming=self._hand_back_offsets,
-                                    truncate=ctx.core.truncate_log)
+                                    truncate=ctx.core.truncate_log,
+                                    credentials=s.net.credentials)
             self.ha_slave.start()
             return
         master = HAMaster(message_log, s.net.host, s.net.ha_port)
