@@ -399,12 +399,18 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-key", dest="secret_key", default=None, metavar="SECRET",
                    help="its secret (broker.conf secretKey; default: $EVQ_SECRET_KEY, safer "
                         "than a flag, which other users see in ps)")
+    p.add_argument("--acl", dest="acl_enable", action="store_true", default=None,
+                   help="refuse requests the ACL file's accounts do not allow (RocketMQ's "
+                        "aclEnable; default off: anyone who reaches the port may do anything)")
+    p.add_argument("--acl-file", dest="acl_file", default=None, metavar="FILE",
+                   help="RocketMQ plain_acl.yml accounts, reloaded when it changes "
+                        "(default: DATA/conf/plain_acl.yml)")
 
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
                  "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
-                 "secret_key")
+                 "secret_key", "acl_enable", "acl_file")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:

@@ -48,6 +48,8 @@ class NetSettings:
     """The broker's own account, signing what it sends as a client: registration with the
     name servers, a slave's HA handshake and offset hand-back to its master."""
     secret_key: str = attrs.field(default="", repr=False)
+    acl_enable: bool = False  # RocketMQ's aclEnable: check every request against acl_file
+    acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
 
     @property
     def credentials(self) -> Credentials | None:
@@ -56,6 +58,10 @@ class NetSettings:
     @property
     def namesrv_list(self) -> list[str]:
         return [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+
+    @property
+    def acl_path(self) -> Path:
+        return Path(self.acl_file or Path(self.store_path_root_dir) / "conf" / "plain_acl.yml")
 
     @property
     def ha_port(self) -> int:

@@ -17,22 +17,17 @@ from evq.net import execution
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, RemotingCommand
+from evq.net.send_header import is_v2, long_names
 from evq.net.transport import Connection, Handler
-
-# SendMessageRequestHeaderV2's one-letter names, in RocketMQ's order.
-V2_NAMES = dict(zip("abcdefghijklmn", (
-    "producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
-    "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "maxReconsumeTimes",
-    "batch", "bname"), strict=True))
 
 
 def v1_header(cmd: RemotingCommand) -> RemotingCommand:
     """The request with V2's short field names spelled out, so one parser reads both."""
-    if cmd.code != RequestCode.SEND_MESSAGE_V2 and "b" not in cmd.ext_fields:
+    if not is_v2(cmd.code, cmd.ext_fields):
         return cmd
-    fields = {V2_NAMES.get(k, k): v for k, v in cmd.ext_fields.items()}
     return RemotingCommand(code=cmd.code, language=cmd.language, version=cmd.version,
-                           opaque=cmd.opaque, flag=cmd.flag, ext_fields=fields, body=cmd.body,
+                           opaque=cmd.opaque, flag=cmd.flag,
+                           ext_fields=long_names(cmd.code, cmd.ext_fields), body=cmd.body,
                            serialize_type=cmd.serialize_type)
 
 

@@ -28,7 +28,9 @@ from evq.domain.record import encode, offset_msg_id
 from evq.embedded import Broker as Engine
 from evq.ha.master import HAMaster
 from evq.ha.slave import HASlave
+from evq.net.acl_file import AclFile
 from evq.net.broker import admin, clients, pull, queries, send
+from evq.net.broker.acl import acl_checked
 from evq.net.broker.context import BrokerContext
 from evq.net.broker.names import names_checked
 from evq.net.broker.stats import BrokerStats
@@ -100,6 +102,7 @@ class BrokerServer:
         self.registrar: BrokerRegistrar | None = None
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
+        self.acl: AclFile | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
         credentials = settings.net.credentials
@@ -119,7 +122,11 @@ class BrokerServer:
         """Bind, open (and recover) the store, then listen.  Raises OSError when the port is
         taken, :class:`evq.domain.log.StoreUnavailable` (not an OSError, so that it is never
         reported as a port that cannot be bound) when the data dir cannot be opened, and
-        :class:`evq.domain.log.LogLocked` when another broker has the data dir."""
+        :class:`evq.domain.log.LogLocked` when another broker has the data dir, and
+        :class:`evq.acl.accounts.AclFileError` when ACL is on and its file cannot be used
+        (refusing to start beats serving everyone, or no one, unchecked)."""
+        if self.settings.net.acl_enable:
+            self.acl = await AclFile.open(self.settings.net.acl_path)
         await self.server.start(serving=False)
         try:
             await self._open()
@@ -147,8 +154,12 @@ class BrokerServer:
         engine.transactions.port = CheckBack(ctx)
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
-                self._dispatcher.register(code, names_checked(handler))
+                checked = names_checked(handler)
+                self._dispatcher.register(
+                    code, acl_checked(checked, self.acl) if self.acl is not None else checked)
         self.ctx = ctx
+        if self.acl is not None:
+            self._tasks.append(loop.create_task(self.acl.watch()))
         self._tasks.append(loop.create_task(self._scan_members()))
         self._tasks.append(loop.create_task(ctx.loop_lag.run()))
         await self._start_ha(ctx)
