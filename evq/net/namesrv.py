@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Final
 
 from evq import logs
-from evq.acl.acl_file import AclFile
 from evq.acl.admin_only import admin_refusal
 from evq.acl.signature import ACCESS_KEY
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
+from evq.net.acl_file import AclFile
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
@@ -82,8 +82,11 @@ class NameServer:
         acl_file: Path | None = None,
     ) -> None:
         self.routes = RouteTable()
-        self.acl = AclFile(acl_file) if acl_file is not None else None
-        """The accounts whose admins may write here; None leaves writes open (RocketMQ)."""
+        self._acl_file = acl_file
+        self.acl: AclFile | None = None
+        """The accounts whose admins may write here, once started; None leaves writes open
+        (RocketMQ)."""
+        self._watcher: asyncio.Task[None] | None = None
         self._clock = clock
         self._scan_interval = scan_interval
         self._first_scan_delay = first_scan_delay
@@ -103,7 +106,7 @@ class NameServer:
             RequestCode.GET_KVLIST_BY_NAMESPACE: self._get_kv_list,
             RequestCode.GET_TOPICS_BY_CLUSTER: self._get_topics_by_cluster,
         }
-        if self.acl is not None:
+        if acl_file is not None:
             handlers = {code: self._admin_only(h) if code in WRITE_CODES else h
                         for code, h in handlers.items()}
         self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
@@ -120,8 +123,9 @@ class NameServer:
     async def start(self) -> None:
         """Load the ACL file (if any), listen, and start the expiry scan.  Raises AclFileError
         when the ACL file cannot be read or is not valid, OSError when the port is taken."""
-        if self.acl is not None:
-            await self.acl.start()
+        if self._acl_file is not None:
+            self.acl = await AclFile.open(self._acl_file)
+            self._watcher = asyncio.get_running_loop().create_task(self.acl.watch())
         await self._server.start()
         self._scanner = asyncio.get_running_loop().create_task(self._scan_forever())
 
@@ -132,8 +136,11 @@ class NameServer:
                 await self._scanner
             self._scanner = None
         await self._server.shutdown(grace)
-        if self.acl is not None:
-            await self.acl.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
 
     async def __aenter__(self) -> NameServer:
         await self.start()
@@ -159,12 +166,11 @@ class NameServer:
 
     def _admin_only(self, handler: Handler) -> Handler:
         """``handler``, run only for a request an admin account of the ACL file signed."""
-        assert self.acl is not None
-        acl = self.acl
 
         async def guarded(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+            assert self.acl is not None  # loaded before the server listens
             ip = conn.peer.rpartition(":")[0]
-            reason = admin_refusal(acl.config, cmd.ext_fields, cmd.body, ip)
+            reason = admin_refusal(self.acl.config, cmd.ext_fields, cmd.body, ip)
             if reason is not None:
                 log.warning("namesrv_write_refused", peer=conn.peer, code=cmd.code,
                             access_key=cmd.ext_fields.get(ACCESS_KEY), reason=reason)

@@ -192,7 +192,9 @@ class BrokerServer:
                                     credentials=s.net.credentials)
             self.ha_slave.start()
             return
-        master = HAMaster(message_log, s.net.host, s.net.ha_port)
+        acl = self.acl
+        master = HAMaster(message_log, s.net.host, s.net.ha_port,
+                          accounts=(lambda: acl.config) if acl is not None else None)
         try:
             await master.start()
         except OSError as exc:
