@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NoReturn
 from evq import logs
 from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
+from evq.client.security_flags import SecurityFlagError, add_security_flags, client_security
 from evq.domain.log import FlushMode
 
 if TYPE_CHECKING:
@@ -106,6 +107,10 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on, 0 for any free one (default: {DEFAULT_PORT})")
+    p.add_argument("--acl-file", type=Path, default=None, metavar="FILE",
+                   help="a RocketMQ plain_acl.yml: broker registration, KV config and topic "
+                        "deletion then need an admin account's signature (lookups stay "
+                        "open); the file is re-read when it changes")
     p.set_defaults(handler=_cmd_namesrv)
 
 
@@ -114,7 +119,7 @@ def _cmd_namesrv(args: argparse.Namespace) -> int:
     from evq.net.transport import run_until_signal
 
     async def serve(stop: asyncio.Event) -> int:
-        server = NameServer(args.host, args.port)
+        server = NameServer(args.host, args.port, acl_file=args.acl_file)
         try:
             await server.start()
         except OSError as exc:
@@ -388,6 +393,12 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slave-read-enable", dest="slave_read_enable", action="store_true",
                    default=None, help="a slave serves pulls (RocketMQ's slaveReadEnable; "
                                       "default off: consumers read from the master)")
+    p.add_argument("--access-key", dest="access_key", default=None, metavar="KEY",
+                   help="the broker's own account, signing its registrations and a slave's "
+                        "HA handshake (broker.conf accessKey; default: $EVQ_ACCESS_KEY)")
+    p.add_argument("--secret-key", dest="secret_key", default=None, metavar="SECRET",
+                   help="its secret (broker.conf secretKey; default: $EVQ_SECRET_KEY, safer "
+                        "than a flag, which other users see in ps)")
     p.add_argument("--acl", dest="acl_enable", action="store_true", default=None,
                    help="refuse requests the ACL file's accounts do not allow (RocketMQ's "
                         "aclEnable; default off: anyone who reaches the port may do anything)")
@@ -398,8 +409,8 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
 
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr", "slave_read_enable", "acl_enable",
-                 "acl_file")
+                 "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
+                 "secret_key", "acl_enable", "acl_file")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
@@ -576,6 +587,7 @@ def _add_produce(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                             description="Send each line of stdin to a topic; print one JSON "
                                         "send result per line.")
     add_namesrv_flag(p)
+    add_security_flags(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-p", "--group", default="evq-cli-producer", help="producer group")
     p.add_argument("--tags", default=None)
@@ -588,7 +600,8 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     from evq.client.scripts import ProduceOptions, produce
 
     return produce(ProduceOptions(namesrv=args.namesrv, topic=args.topic, group=args.group,
-                                  tags=args.tags, keys=args.keys, batch=args.batch))
+                                  tags=args.tags, keys=args.keys, batch=args.batch,
+                                  security=client_security(args)))
 
 
 def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -598,6 +611,7 @@ def _add_consume(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                         "until --count, --idle-timeout, SIGTERM or SIGINT, "
                                         "and commits its offsets however it stops.")
     add_namesrv_flag(p)
+    add_security_flags(p)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-s", "--expression", default="*", help="tag expression (default: *)")
@@ -618,7 +632,7 @@ def _cmd_consume(args: argparse.Namespace) -> int:
     return consume(ConsumeOptions(
         namesrv=args.namesrv, topic=args.topic, group=args.group, expression=args.expression,
         from_beginning=args.from_beginning, count=args.count, idle_timeout=args.idle_timeout,
-        json=args.json, wait_for_topic=args.wait_for_topic))
+        json=args.json, wait_for_topic=args.wait_for_topic, security=client_security(args)))
 
 
 # --- the parser and the entry point ---------------------------------------------------------
@@ -660,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (UnknownBackend, UsageError) as exc:
+    except (UnknownBackend, UsageError, SecurityFlagError) as exc:
         _fail(exc)
         return EXIT_USAGE
     except Exception as exc:

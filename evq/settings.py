@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from evq.acl.signature import Credentials
 from evq.backends.config import StoreConfig
 from evq.backends.registry import DEFAULT_BACKEND
 from evq.domain.broker_config import BrokerConfig, BrokerRole
@@ -43,8 +44,16 @@ class NetSettings:
     master_ha_addr: str = ""  # a slave's master HA address; else learnt from the name server
     register_name_server_period_ms: int = 30_000
     metadata_url: str = ""  # SQLAlchemy URL; default a SQLite file in the data dir
+    access_key: str = ""
+    """The broker's own account, signing what it sends as a client: registration with the
+    name servers, a slave's HA handshake and offset hand-back to its master."""
+    secret_key: str = attrs.field(default="", repr=False)
     acl_enable: bool = False  # RocketMQ's aclEnable: check every request against acl_file
     acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
+
+    @property
+    def credentials(self) -> Credentials | None:
+        return Credentials(self.access_key, self.secret_key) if self.access_key else None
 
     @property
     def namesrv_list(self) -> list[str]:
@@ -195,6 +204,9 @@ def build(values: Mapping[str, object]) -> Settings:
                 if any(f.name == name for f in attrs.fields(cls)):
                     per_target[other][name] = value
     net = NetSettings(**per_target["net"])  # type: ignore[arg-type]
+    if bool(net.access_key) != bool(net.secret_key):
+        raise SettingsError("accessKey and secretKey are set together (the broker's own "
+                            "account), or neither")
     broker_values = {"store_host": (net.host, net.listen_port)} | per_target["broker"]
     store_values = {"store_host": broker_values["store_host"]} | per_target["store"]
     try:

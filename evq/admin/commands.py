@@ -21,6 +21,7 @@ from evq.admin.operations import Admin, AdminError, BrokerRow
 from evq.admin.render import Output, show, table
 from evq.admin.timestamps import format_timestamp, parse_timestamp
 from evq.client.scripts import message_json
+from evq.client.security_flags import add_security_flags, client_security
 from evq.domain import topics as tp
 from evq.domain.config_json import to_json
 from evq.domain.groups import SubscriptionGroupConfig
@@ -232,6 +233,7 @@ def add_admin(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_, description=help_)
         add_namesrv_flag(c)
+        add_security_flags(c)
         c.add_argument("--json", action="store_true", help="print one JSON document")
         c.set_defaults(handler=_run, admin=_COMMANDS[name], log_level_default="error")
         return c
@@ -303,9 +305,10 @@ def add_admin(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def _run(args: argparse.Namespace) -> int:
     command: Command = args.admin
+    security = client_security(args)
 
     async def main() -> Output:
-        async with Admin(args.namesrv, progress=_progress) as admin:
+        async with Admin(args.namesrv, progress=_progress, security=security) as admin:
             return await command(admin, args)
 
     try:

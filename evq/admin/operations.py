@@ -28,6 +28,7 @@ from evq.domain.record import decode, iter_records, parse_offset_msg_id
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.security import ClientSecurity
 from evq.net.transport import TransportError
 
 TOOLS_GROUP: Final = "TOOLS_CONSUMER"
@@ -86,11 +87,15 @@ class ResetRow:
 
 
 class Admin:
-    """``async with Admin("127.0.0.1:9876") as admin: await admin.topic_list()``."""
+    """``async with Admin("127.0.0.1:9876") as admin: await admin.topic_list()``.
 
-    def __init__(self, namesrv: str, *, progress: Progress = _quiet) -> None:
-        self._routes = Routes(namesrv)
-        self._pool = BrokerPool()
+    ``security`` signs every request: on an ACL-enabled cluster the admin operations need an
+    admin account's credentials, and the name server's writes (topic deletion) too."""
+
+    def __init__(self, namesrv: str, *, progress: Progress = _quiet,
+                 security: ClientSecurity | None = None) -> None:
+        self._routes = Routes(namesrv, security=security)
+        self._pool = BrokerPool(security=security)
         self._progress = progress
 
     async def __aenter__(self) -> Admin:

@@ -67,6 +67,7 @@ from evq.domain.queues import MessageQueue
 from evq.domain.rebalance import AllocateStrategy
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.security import ClientSecurity
 from evq.net.transport import Connection, Dispatcher, TransportError
 
 __all__ = ["BackgroundFailed", "ConsumeFrom", "ConsumeResult", "ConsumerOptions", "MessageModel",
@@ -140,8 +141,12 @@ class PushConsumer:
                  options: ConsumerOptions | None = None,
                  client_id: str | None = None,
                  offsets_file: Path | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK,
+                 security: ClientSecurity | None = None) -> None:
+        """``security`` signs every request (credentials) and may open connections over
+        TLS; the consumer's own retry producer uses it too."""
         self.group = group
+        self.security = security
         self.model = model
         self.options = options or ConsumerOptions()
         self.client_id = client_id or new_client_id()
@@ -199,8 +204,8 @@ class PushConsumer:
         dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified,
                                  RequestCode.RESET_CONSUMER_CLIENT_OFFSET: self._reset_notified})
         o = self.options
-        self._routes = routes = Routes(self._namesrv, self._clock)
-        self._pool = pool = BrokerPool(dispatcher, self._clock)
+        self._routes = routes = Routes(self._namesrv, self._clock, security=self.security)
+        self._pool = pool = BrokerPool(dispatcher, self._clock, security=self.security)
         self._member = member = GroupMember(
             self.group, self.client_id, routes, pool, namesrv=self._namesrv,
             subscriptions=self._subs, consume_type=ConsumeType.PASSIVELY, model=self.model,

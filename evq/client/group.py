@@ -113,6 +113,8 @@ class GroupMember:
         self._told: set[str] = set()
         """Masters that accepted a heartbeat since they last denied knowing this member."""
         self._namesrv = namesrv
+        self._security = pool.security
+        """The retry producer signs as the consumer's own connections do."""
         self._producer: Producer | None = None
         """Started on the first send-back a broker could not take (see :meth:`send_back`)."""
         self._producer_started = asyncio.Lock()
@@ -274,7 +276,8 @@ class GroupMember:
     async def _retry_producer(self) -> Producer:
         async with self._producer_started:  # failed send-backs come in bursts
             if self._producer is None:
-                producer = Producer(INNER_PRODUCER_GROUP, self._namesrv)
+                producer = Producer(INNER_PRODUCER_GROUP, self._namesrv,
+                                    security=self._security)
                 await producer.start()
                 self._producer = producer
         return self._producer

@@ -42,6 +42,7 @@ from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, Handler, TransportError
 
 log = logs.get_logger(__name__)
@@ -108,9 +109,12 @@ class Producer:
     def __init__(self, group: str, namesrv: str, *, retries: int = 2,
                  send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
                  heartbeat_s: float = HEARTBEAT_S, client_id: str | None = None,
-                 clock: Clock = SYSTEM_CLOCK, supervision: SupervisionPolicy | None = None
-                 ) -> None:
+                 clock: Clock = SYSTEM_CLOCK, supervision: SupervisionPolicy | None = None,
+                 security: ClientSecurity | None = None) -> None:
+        """``security`` signs every request (an ACL-enabled cluster needs credentials) and
+        may open the connections over TLS."""
         self.group = group
+        self.security = security
         self.client_id = client_id or new_client_id()
         self.heartbeat_s = heartbeat_s
         self.route_refresh_s = route_refresh_s
@@ -133,8 +137,9 @@ class Producer:
         return {}
 
     async def start(self) -> None:
-        self._routes = Routes(self._namesrv, self._clock)
-        self._pool = BrokerPool(Dispatcher(self.handlers()), self._clock)
+        self._routes = Routes(self._namesrv, self._clock, security=self.security)
+        self._pool = BrokerPool(Dispatcher(self.handlers()), self._clock,
+                                security=self.security)
         await self._greet_brokers()
         self._supervisor = supervisor = Supervisor(f"producer {self.group}", self._supervision)
         supervisor.loop("refresh routes", periodic(self.route_refresh_s, self.refresh_routes))

@@ -53,6 +53,7 @@ from evq.domain.queues import MessageQueue
 from evq.domain.rebalance import AllocateStrategy
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.security import ClientSecurity
 from evq.net.transport import Connection, Dispatcher, TransportError
 
 log = logs.get_logger(__name__)
@@ -68,8 +69,12 @@ class PullConsumer:
                  auto_commit_s: float = AUTO_COMMIT_S, rebalance_s: float = REBALANCE_S,
                  heartbeat_s: float = HEARTBEAT_S, strategy: AllocateStrategy | str = "AVG",
                  client_id: str | None = None, clock: Clock = SYSTEM_CLOCK,
-                 supervision: SupervisionPolicy | None = None) -> None:
+                 supervision: SupervisionPolicy | None = None,
+                 security: ClientSecurity | None = None) -> None:
+        """``security`` signs every request (credentials) and may open connections over
+        TLS."""
         self.group = group
+        self.security = security
         self.client_id = client_id or new_client_id()
         self.auto_commit = auto_commit
         self._namesrv = namesrv
@@ -103,8 +108,8 @@ class PullConsumer:
     async def start(self) -> None:
         dispatcher = Dispatcher({RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._notified,
                                  RequestCode.RESET_CONSUMER_CLIENT_OFFSET: self._reset_notified})
-        self._routes = routes = Routes(self._namesrv, self._clock)
-        self._pool = pool = BrokerPool(dispatcher, self._clock)
+        self._routes = routes = Routes(self._namesrv, self._clock, security=self.security)
+        self._pool = pool = BrokerPool(dispatcher, self._clock, security=self.security)
         self._member = member = GroupMember(
             self.group, self.client_id, routes, pool, namesrv=self._namesrv,
             subscriptions=self._subs,

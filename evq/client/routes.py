@@ -24,6 +24,7 @@ from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, RemotingClient, TransportError, split_address
 
 log = logs.get_logger(__name__)
@@ -104,10 +105,13 @@ class BrokerPool:
     """One connection per broker address, shared by everything a client process runs there.
 
     ``dispatcher`` answers the requests brokers send to clients (NOTIFY_CONSUMER_IDS_CHANGED).
+    ``security`` (credentials, TLS) applies to every connection, slaves' included.
     """
 
-    def __init__(self, dispatcher: Dispatcher | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, dispatcher: Dispatcher | None = None, clock: Clock = SYSTEM_CLOCK, *,
+                 security: ClientSecurity | None = None) -> None:
         self.dispatcher = dispatcher or Dispatcher()
+        self.security = security
         self._clock = clock
         self._clients: dict[str, RemotingClient] = {}
 
@@ -115,7 +119,8 @@ class BrokerPool:
         client = self._clients.get(addr)
         if client is None:
             (host, port), = parse_addresses(addr)
-            client = RemotingClient(host, port, self.dispatcher, clock=self._clock)
+            client = RemotingClient(host, port, self.dispatcher, clock=self._clock,
+                                    security=self.security)
             self._clients[addr] = client
         return client
 
@@ -142,10 +147,14 @@ class BrokerPool:
 
 
 class Routes:
-    """The route cache of one client: looked up on first use, refreshed by :meth:`refresh`."""
+    """The route cache of one client: looked up on first use, refreshed by :meth:`refresh`.
+    ``security`` applies to the name server connections (a name server with an ACL checks
+    only writes, but a signed lookup costs nothing and TLS may be required)."""
 
-    def __init__(self, namesrv: str, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._namesrv = [RemotingClient(h, p, clock=clock) for h, p in parse_addresses(namesrv)]
+    def __init__(self, namesrv: str, clock: Clock = SYSTEM_CLOCK, *,
+                 security: ClientSecurity | None = None) -> None:
+        self._namesrv = [RemotingClient(h, p, clock=clock, security=security)
+                         for h, p in parse_addresses(namesrv)]
         self._next = 0
         self._routes: dict[str, TopicRoute] = {}
 

@@ -21,6 +21,7 @@ from evq.client.errors import ClientError, RouteNotFound
 from evq.client.producer import Producer, SendResult
 from evq.client.routes import Routes
 from evq.domain.message import Message, new_message
+from evq.net.security import ClientSecurity
 from evq.net.transport import run, run_until_signal
 
 
@@ -32,6 +33,7 @@ class ProduceOptions:
     tags: str | None = None
     keys: str | None = None
     batch: int = 1
+    security: ClientSecurity | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -45,6 +47,7 @@ class ConsumeOptions:
     idle_timeout: float | None = None
     json: bool = False
     wait_for_topic: bool = False
+    security: ClientSecurity | None = None
 
 
 def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
@@ -58,10 +61,11 @@ def _batches(lines: IO[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-async def topic_known(namesrv: str, topic: str) -> bool:
+async def topic_known(namesrv: str, topic: str, security: ClientSecurity | None = None
+                      ) -> bool:
     """Whether a name server routes ``topic``; raises :class:`~evq.client.errors.ClientError`
     when no name server answers."""
-    routes = Routes(namesrv)
+    routes = Routes(namesrv, security=security)
     try:
         await routes.lookup(topic)
     except RouteNotFound:
@@ -81,8 +85,9 @@ def produce(opts: ProduceOptions, lines: IO[str] = sys.stdin, out: IO[str] = sys
     """Send each line (or each ``batch`` lines) and print one JSON result per send."""
 
     async def main() -> int:
-        await topic_known(opts.namesrv, opts.topic)  # unknown is fine: the send creates it
-        async with Producer(opts.group, opts.namesrv) as producer:
+        # unknown is fine: the send creates it
+        await topic_known(opts.namesrv, opts.topic, opts.security)
+        async with Producer(opts.group, opts.namesrv, security=opts.security) as producer:
             for lines_ in _batches(lines, opts.batch):
                 msgs = [new_message(opts.topic, text.encode(), tags=opts.tags, keys=opts.keys)
                         for text in lines_]
@@ -126,7 +131,7 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.
     ``wait_for_topic``, and then ``err`` says what it waits for."""
 
     async def main(stop: asyncio.Event) -> int:
-        if not await topic_known(opts.namesrv, opts.topic):
+        if not await topic_known(opts.namesrv, opts.topic, opts.security):
             if not opts.wait_for_topic:
                 raise ClientError(f"topic {opts.topic!r} does not exist on {opts.namesrv} "
                                   "(--wait-for-topic waits for it)")
@@ -156,7 +161,8 @@ def consume(opts: ConsumeOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.
 
         options = ConsumerOptions(consume_concurrency=1, consume_from=(
             ConsumeFrom.FIRST_OFFSET if opts.from_beginning else ConsumeFrom.LAST_OFFSET))
-        consumer = PushConsumer(opts.group, opts.namesrv, listener=on_message, options=options)
+        consumer = PushConsumer(opts.group, opts.namesrv, listener=on_message, options=options,
+                                security=opts.security)
         consumer.subscribe(opts.topic, opts.expression)
 
         async def idle() -> None:

@@ -1,6 +1,23 @@
 """The HA wire: what a slave and its master say on the replication connection.
 
-Plain TCP, no remoting framing, big-endian throughout.  A session has two phases.
+Plain TCP, no remoting framing, big-endian throughout.  A session has three phases.
+
+**Admission** (evq's): the master speaks first.  A master with an ACL asks the slave to prove an
+admin account (:mod:`evq.ha.auth`) before it answers anything about its log::
+
+    master -> slave  GREETING (21 bytes), the first bytes of every session
+     0      4  MAGIC        b"EVQG"
+     4      1  AUTH         0: go on with HELLO; 1: send PROOF first
+     5     16  NONCE        fresh random bytes of this connection (zeros when AUTH is 0)
+
+    slave -> master  PROOF (6 + N + 20 bytes), only when AUTH is 1, followed by its HELLO
+     0      4  MAGIC        b"EVQP"
+     4      2  KEY_LEN      N, 1 .. MAX_ACCESS_KEY
+     6      N  ACCESS_KEY   UTF-8
+     6+N   20  MAC          HMAC-SHA1(secretKey, PROOF_LABEL + NONCE + ACCESS_KEY)
+
+    A master that does not admit the slave (a wrong PROOF, or a HELLO where the PROOF should
+    be) answers with ANSWER kind b"D" (denied) and closes the connection.
 
 **Handshake** (evq's addition to RocketMQ's protocol): the slave proves its log agrees with
 the master's before any byte is streamed, so a slave that kept bytes the master lost, or a
@@ -16,7 +33,8 @@ forked tail, is cut back instead of serving a log no master ever had::
     master -> slave  ANSWER (9 bytes)
      0      1  KIND         b"S" stream from OFFSET, b"T" truncate to OFFSET,
                             b"P" probe at OFFSET (send another HELLO), b"R" refused,
-                            b"B" begin the (empty) log at OFFSET (send another HELLO)
+                            b"B" begin the (empty) log at OFFSET (send another HELLO),
+                            b"D" denied: the slave's PROOF was missing or wrong
      1      8  OFFSET
 
 **Streaming** (RocketMQ's HA protocol as it is)::
@@ -39,7 +57,14 @@ import struct
 
 import attrs
 
+GREETING_MAGIC = b"EVQG"
+PROOF_MAGIC = b"EVQP"
 HELLO_MAGIC = b"EVQH"
+GREETING = struct.Struct(">4s?16s")
+PROOF_HEAD = struct.Struct(">4sH")
+MAC_SIZE = 20
+NONCE_SIZE = 16
+MAX_ACCESS_KEY = 255
 HELLO = struct.Struct(">4sqqiI")
 ANSWER = struct.Struct(">cq")
 REPORT = struct.Struct(">q")
@@ -60,6 +85,58 @@ class AnswerKind(enum.Enum):
     PROBE = b"P"
     REFUSED = b"R"
     BEGIN = b"B"
+    DENIED = b"D"
+
+
+@attrs.frozen(slots=True)
+class Greeting:
+    """The master's first words: whether it wants a :class:`Proof`, and the nonce to sign."""
+
+    auth: bool
+    nonce: bytes = bytes(NONCE_SIZE)
+
+    def encode(self) -> bytes:
+        return GREETING.pack(GREETING_MAGIC, self.auth, self.nonce)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Greeting:
+        magic, auth, nonce = GREETING.unpack(data)
+        if magic != GREETING_MAGIC:
+            raise FrameError(f"not an evq HA master greeting: magic {magic!r}")
+        return cls(auth, nonce)
+
+
+@attrs.frozen(slots=True)
+class Proof:
+    """A slave's answer to a greeting that asks for an account: its key and the MAC."""
+
+    access_key: str
+    mac: bytes
+
+    def encode(self) -> bytes:
+        key = self.access_key.encode("utf-8")
+        if not 0 < len(key) <= MAX_ACCESS_KEY or len(self.mac) != MAC_SIZE:
+            raise FrameError(f"unsendable proof for access key {self.access_key!r}")
+        return PROOF_HEAD.pack(PROOF_MAGIC, len(key)) + key + self.mac
+
+
+def proof_rest_size(head: bytes) -> int:
+    """From a PROOF's first :data:`PROOF_HEAD` bytes, how many bytes follow."""
+    magic, key_len = PROOF_HEAD.unpack(head)
+    if magic != PROOF_MAGIC:
+        raise FrameError(f"not an evq HA proof: magic {magic!r}")
+    if not 0 < key_len <= MAX_ACCESS_KEY:
+        raise FrameError(f"access key of {key_len} bytes in an HA proof")
+    return key_len + MAC_SIZE
+
+
+def decode_proof(rest: bytes) -> Proof:
+    """The proof from the bytes after its head (``proof_rest_size`` of them)."""
+    try:
+        key = rest[:-MAC_SIZE].decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrameError("an HA proof's access key is not UTF-8") from None
+    return Proof(key, rest[-MAC_SIZE:])
 
 
 @attrs.frozen(slots=True)

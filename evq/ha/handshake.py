@@ -61,6 +61,10 @@ class HandshakeError(Exception):
     """A peer's handshake message that cannot be acted on."""
 
 
+class AdmissionDenied(HandshakeError):
+    """The master did not admit this slave: no admin account, or the wrong secret."""
+
+
 def hello(slave: LogSide, probe_end: int | None = None, window: int = WINDOW) -> Hello:
     """The slave's claim about its log, probing the ``window`` bytes that end at
     ``probe_end`` (by default its end)."""
@@ -107,6 +111,9 @@ class SlaveStep:
 
 def follow(answer: Answer, slave_max: int) -> SlaveStep:
     """The slave's reading of an answer, checked against its own log end."""
+    if answer.kind is AnswerKind.DENIED:
+        raise AdmissionDenied("the master did not admit this slave (it needs an admin "
+                              "account's accessKey and secretKey)")
     if answer.kind is AnswerKind.REFUSED:
         raise HandshakeError(f"the master refused replication from {slave_max} "
                              f"(it holds the log from {answer.offset}); a slave whose "

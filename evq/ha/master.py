@@ -5,6 +5,9 @@ One connection per slave, two coroutines per connection: a writer that streams t
 the slave's offset in chunks of up to :data:`~evq.ha.frames.MAX_TRANSFER` bytes (woken by the
 log's dispatch, a heartbeat after 5 s idle), and a reader that takes the slave's offset
 reports, which are its acknowledgements.  Store calls run off the loop.
+
+With ``accounts`` (the broker's ACL), a connection is admitted only once the slave proved an
+admin account (:mod:`evq.ha.auth`); until then the master says nothing about its log.
 """
 
 from __future__ import annotations
@@ -13,18 +16,29 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import secrets
+from collections.abc import Callable
 
 import attrs
 
 from evq import logs
+from evq.acl.accounts import AclConfig
 from evq.domain.log import LogError, MessageLog, PutStatus
+from evq.ha.auth import refusal
 from evq.ha.frames import (
     HELLO,
+    HELLO_MAGIC,
     MAX_TRANSFER,
+    NONCE_SIZE,
+    PROOF_HEAD,
+    Answer,
     AnswerKind,
     FrameError,
+    Greeting,
     Hello,
     ReportDecoder,
+    decode_proof,
+    proof_rest_size,
     transfer_head,
 )
 from evq.ha.handshake import decide
@@ -47,12 +61,15 @@ class _Slave:
 
 class HAMaster:
     """Replication to any number of slaves.  Bind with :meth:`start`; :attr:`port` is the
-    bound port (``port=0`` picks a free one)."""
+    bound port (``port=0`` picks a free one).  ``accounts`` gives the ACL in force: only its
+    admin accounts may attach as slaves; None admits any slave, as RocketMQ does."""
 
     def __init__(self, message_log: MessageLog, host: str, port: int, *,
                  heartbeat_s: float = HEARTBEAT_S, housekeeping_s: float = HOUSEKEEPING_S,
-                 fallbehind_max: int = SLAVE_FALLBEHIND_MAX) -> None:
+                 fallbehind_max: int = SLAVE_FALLBEHIND_MAX,
+                 accounts: Callable[[], AclConfig] | None = None) -> None:
         self._log = message_log
+        self._accounts = accounts
         self._window = LogWindow(message_log)
         self._host = host
         self._port = port
@@ -150,6 +167,8 @@ class HAMaster:
                        ) -> None:
         peer = "{}:{}".format(*writer.get_extra_info("peername")[:2])
         try:
+            if not await self._admit(reader, writer, peer):
+                return
             start = await self._handshake(reader, writer, peer)
             if start is not None:
                 await self._stream(reader, writer, _Slave(peer, start))
@@ -162,6 +181,31 @@ class HAMaster:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     peer: str) -> bool:
+        """Greet the slave; with an ACL, take its proof and decide whether it may go on."""
+        if self._accounts is None:
+            writer.write(Greeting(auth=False).encode())
+            await writer.drain()
+            return True
+        nonce = secrets.token_bytes(NONCE_SIZE)
+        writer.write(Greeting(auth=True, nonce=nonce).encode())
+        await writer.drain()
+        async with asyncio.timeout(self._housekeeping_s):
+            head = await reader.readexactly(PROOF_HEAD.size)
+            if head.startswith(HELLO_MAGIC):
+                access_key, reason = None, "the slave sent no credentials"
+            else:
+                proof = decode_proof(await reader.readexactly(proof_rest_size(head)))
+                access_key, reason = proof.access_key, refusal(proof, nonce, self._accounts())
+        if reason is not None:
+            log.warning("ha_slave_refused", slave=peer, access_key=access_key, reason=reason)
+            writer.write(Answer(AnswerKind.DENIED, 0).encode())
+            await writer.drain()
+            return False
+        log.info("ha_slave_admitted", slave=peer, access_key=access_key)
+        return True
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: str) -> int | None:

@@ -4,7 +4,8 @@ The master's HA address comes from configuration or from the name servers' regis
 answer, whichever is known when a connection is attempted, so a slave started before its
 master (or before the name server knows the master) simply keeps trying.  Replicated bytes go
 through :meth:`MessageLog.append_replicated`, so the slave may run any backend; the offset it
-reports after each write is its acknowledgement (SYNC_MASTER waits for it).
+reports after each write is its acknowledgement (SYNC_MASTER waits for it).  A master with an
+ACL admits only a slave that proves an admin account: the broker's own ``credentials``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,21 @@ from collections.abc import Awaitable, Callable
 import attrs
 
 from evq import logs
+from evq.acl.signature import Credentials
 from evq.domain.log import LogError, MessageLog
-from evq.ha.frames import ANSWER, Answer, FrameError, Transfer, TransferDecoder, encode_report
-from evq.ha.handshake import HandshakeError, follow, hello
+from evq.ha.auth import prove
+from evq.ha.frames import (
+    ANSWER,
+    GREETING,
+    Answer,
+    AnswerKind,
+    FrameError,
+    Greeting,
+    Transfer,
+    TransferDecoder,
+    encode_report,
+)
+from evq.ha.handshake import AdmissionDenied, HandshakeError, follow, hello
 from evq.ha.log_window import LogWindow
 from evq.net.transport import split_address
 
@@ -56,8 +69,10 @@ class HASlave:
                  report_interval_s: float = REPORT_INTERVAL_S,
                  backoff: Backoff | None = None,
                  on_streaming: Callable[[], Awaitable[None]] | None = None,
-                 truncate: Callable[[int], None] | None = None) -> None:
+                 truncate: Callable[[int], None] | None = None,
+                 credentials: Credentials | None = None) -> None:
         self._log = message_log
+        self._credentials = credentials
         self._truncate = truncate or message_log.truncate
         self._window = LogWindow(message_log)
         self._master_addr = master_addr
@@ -87,6 +102,8 @@ class HASlave:
             if addr is not None:
                 try:
                     await self._session(addr)
+                except AdmissionDenied as exc:  # the operator's to fix: keys or the ACL file
+                    log.error("ha_slave_not_admitted", master=addr, error=str(exc))
                 except (OSError, asyncio.IncompleteReadError, FrameError, HandshakeError,
                         LogError, TimeoutError, ValueError) as exc:
                     log.warning("ha_master_lost", master=addr,
@@ -118,12 +135,23 @@ class HASlave:
 
     async def _handshake(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> int:
+        async with asyncio.timeout(SILENCE_S):
+            greeting = Greeting.decode(await reader.readexactly(GREETING.size))
+        if greeting.auth and self._credentials is not None:
+            writer.write(prove(self._credentials, greeting.nonce).encode())
         claim = await asyncio.to_thread(hello, self._window)
         while True:
             writer.write(claim.encode())
             await writer.drain()
             async with asyncio.timeout(SILENCE_S):
                 answer = Answer.decode(await reader.readexactly(ANSWER.size))
+            if answer.kind is AnswerKind.DENIED:
+                raise AdmissionDenied(
+                    f"the master refused this slave's account {self._credentials.access_key!r}"
+                    " (an admin account of its ACL, with the right secret, is needed)"
+                    if self._credentials is not None else
+                    "the master has an ACL and this slave no credentials (set the broker's "
+                    "accessKey and secretKey to an admin account)")
             step = follow(answer, claim.slave_max)
             if step.stream_from is not None:
                 return step.stream_from

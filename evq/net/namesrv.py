@@ -9,6 +9,10 @@ A broker leaves the tables when it unregisters, when the connection it registere
 or when it has been silent for 120 s; the scan for silent brokers runs every 10 s, first after
 5 s, as in Java.  Ages are read from the injected clock; only the scan cadence is wall time, so
 a test moves the clock and lets a short ``scan_interval`` notice.
+
+With an ACL file (``evq namesrv --acl-file``), the requests that change the tables
+(:data:`WRITE_CODES`) are refused NO_PERMISSION unless an admin account of that file signed
+them (:mod:`evq.acl.admin_only`); lookups stay open, as every client needs them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from pathlib import Path
+from typing import Final
 
 from evq import logs
+from evq.acl.admin_only import admin_refusal
+from evq.acl.signature import ACCESS_KEY
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
+from evq.net.acl_file import AclFile
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
@@ -39,6 +48,15 @@ DEFAULT_PORT = 9876
 SCAN_INTERVAL = 10.0
 FIRST_SCAN_DELAY = 5.0
 APPLY_TOPIC_URL = "http://rocketmq.apache.org/docs/faq/"
+
+WRITE_CODES: Final = frozenset({
+    RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER, RequestCode.PUT_KV_CONFIG,
+    RequestCode.DELETE_KV_CONFIG, RequestCode.DELETE_KV_CONFIG_BY_VALUE,
+    RequestCode.DELETE_TOPIC_IN_NAMESRV, RequestCode.UPDATE_NAMESRV_CONFIG,
+    RequestCode.WIPE_WRITE_PERM_OF_BROKER, RequestCode.ADD_WRITE_PERM_OF_BROKER,
+})
+"""Requests that change what the name server tells clients: only admins may send them when
+an ACL is on.  Codes without a handler yet are listed so that one added later is guarded."""
 
 
 def no_route_remark(topic: str) -> str:
@@ -61,8 +79,14 @@ class NameServer:
         first_scan_delay: float = FIRST_SCAN_DELAY,
         broker_expiry_ms: int = BROKER_EXPIRED_MS,
         config: TransportConfig | None = None,
+        acl_file: Path | None = None,
     ) -> None:
         self.routes = RouteTable()
+        self._acl_file = acl_file
+        self.acl: AclFile | None = None
+        """The accounts whose admins may write here, once started; None leaves writes open
+        (RocketMQ)."""
+        self._watcher: asyncio.Task[None] | None = None
         self._clock = clock
         self._scan_interval = scan_interval
         self._first_scan_delay = first_scan_delay
@@ -82,6 +106,9 @@ class NameServer:
             RequestCode.GET_KVLIST_BY_NAMESPACE: self._get_kv_list,
             RequestCode.GET_TOPICS_BY_CLUSTER: self._get_topics_by_cluster,
         }
+        if acl_file is not None:
+            handlers = {code: self._admin_only(h) if code in WRITE_CODES else h
+                        for code, h in handlers.items()}
         self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
                                       clock=clock)
 
@@ -94,7 +121,11 @@ class NameServer:
         return self._server.address
 
     async def start(self) -> None:
-        """Listen, and start the expiry scan.  Raises OSError when the port is taken."""
+        """Load the ACL file (if any), listen, and start the expiry scan.  Raises AclFileError
+        when the ACL file cannot be read or is not valid, OSError when the port is taken."""
+        if self._acl_file is not None:
+            self.acl = await AclFile.open(self._acl_file)
+            self._watcher = asyncio.get_running_loop().create_task(self.acl.watch())
         await self._server.start()
         self._scanner = asyncio.get_running_loop().create_task(self._scan_forever())
 
@@ -105,6 +136,11 @@ class NameServer:
                 await self._scanner
             self._scanner = None
         await self._server.shutdown(grace)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
 
     async def __aenter__(self) -> NameServer:
         await self.start()
@@ -127,6 +163,21 @@ class NameServer:
         self._watched.discard(conn)
         for addr in self.routes.channel_closed(conn):
             log.info("broker_connection_closed", addr=addr, peer=conn.peer)
+
+    def _admin_only(self, handler: Handler) -> Handler:
+        """``handler``, run only for a request an admin account of the ACL file signed."""
+
+        async def guarded(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+            assert self.acl is not None  # loaded before the server listens
+            ip = conn.peer.rpartition(":")[0]
+            reason = admin_refusal(self.acl.config, cmd.ext_fields, cmd.body, ip)
+            if reason is not None:
+                log.warning("namesrv_write_refused", peer=conn.peer, code=cmd.code,
+                            access_key=cmd.ext_fields.get(ACCESS_KEY), reason=reason)
+                raise BrokerError(ResponseCode.NO_PERMISSION, reason)
+            return await handler(conn, cmd)
+
+        return guarded
 
     # --- brokers ------------------------------------------------------------------------------
 

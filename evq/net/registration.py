@@ -30,6 +30,7 @@ from evq.net.register_broker import (
     RegisterResult,
     body_crc32,
 )
+from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, TransportConfig, TransportError, split_address
 
 log = logs.get_logger(__name__)
@@ -55,7 +56,8 @@ class BrokerRegistrar:
 
     ``topics`` is called at each registration for the broker's current topic table.
     ``first_delay`` and ``period`` are seconds (Java: 10 and 30); tests pass about 0 for the
-    first.  The clock stamps the topic table's DataVersion.
+    first.  The clock stamps the topic table's DataVersion.  ``security`` signs registrations
+    with the broker's own account, which a name server with an ACL requires.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class BrokerRegistrar:
         timeout: float = TIMEOUT,
         compressed: bool = False,
         config: TransportConfig | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.identity = identity
         self._topics = topics
@@ -79,7 +82,8 @@ class BrokerRegistrar:
         self._timeout = timeout
         self._compressed = compressed
         self._links = {
-            addr: _Link(addr, RemotingClient(*split_address(addr), config=config, clock=clock))
+            addr: _Link(addr, RemotingClient(*split_address(addr), config=config, clock=clock,
+                                             security=security))
             for addr in namesrv_addrs
         }
         self._data_version = DataVersion(clock.now_ms(), 0)

@@ -28,6 +28,7 @@ from evq.domain.log import LogLocked, MessageLog
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 from evq.domain.record import decode
+from evq.net.security import ClientSecurity
 from evq.spark.options import OptionError, QueueKey, SourceOptions
 
 log = logs.get_logger(__name__)
@@ -47,7 +48,7 @@ class QueueAccess(Protocol):
 
 def open_access(opts: SourceOptions) -> QueueAccess:
     if opts.namesrv is not None:
-        return LiveAccess(opts.namesrv)
+        return LiveAccess(opts.namesrv, opts.security.client_security())
     assert opts.path is not None
     return StoreAccess(opts.path, opts.backend, opts.broker_name, opts.lock_wait_s)
 
@@ -70,9 +71,9 @@ def _user_topics(opts: SourceOptions, known: list[str]) -> list[str]:
 
 
 class LiveAccess:
-    def __init__(self, namesrv: str) -> None:
+    def __init__(self, namesrv: str, security: ClientSecurity | None = None) -> None:
         self._thread = LoopThread()
-        self._admin = Admin(namesrv)
+        self._admin = Admin(namesrv, security=security)
         self._routes: dict[str, dict[str, str]] = {}
 
     def queues(self, opts: SourceOptions) -> list[QueueKey]:

@@ -18,8 +18,10 @@ from typing import Final
 
 import attrs
 
+from evq.acl.signature import Credentials
 from evq.backends.registry import BACKENDS
 from evq.domain.filters import FilterError, parse_subscription
+from evq.net.security import ClientSecurity
 
 DEFAULT_BROKER_NAME: Final = "broker-a"
 DEFAULT_PARTITION_SIZE: Final = 100_000
@@ -53,6 +55,26 @@ class OffsetSpec:
     explicit: Mapping[QueueKey, int] = attrs.field(factory=dict)
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class SecurityOptions:
+    """How the connector's connections to a live cluster are secured: ``accessKey`` /
+    ``secretKey`` for an ACL-enabled cluster, and the TLS options.
+
+    Options travel to the executors pickled, and an ``ssl.SSLContext`` does not pickle, so
+    this holds what the options said (keys, file paths) and :meth:`client_security` builds the
+    live value where a connection is opened.
+    """
+
+    credentials: Credentials | None = None
+    # TLS: the ``tls*`` options are parsed in :func:`parse_security` into fields here, and
+    # :meth:`client_security` turns them into the SSL context.
+
+    def client_security(self) -> ClientSecurity | None:
+        if self.credentials is None:
+            return None
+        return ClientSecurity(credentials=self.credentials)
+
+
 class BodyAs(enum.Enum):
     BINARY = "binary"
     STRING = "string"
@@ -76,6 +98,7 @@ class SourceOptions:
     max_per_trigger: int | None = None
     partition_size: int = DEFAULT_PARTITION_SIZE
     lock_wait_s: float = DEFAULT_LOCK_WAIT_S
+    security: SecurityOptions = SecurityOptions()
 
     @property
     def live(self) -> bool:
@@ -93,10 +116,21 @@ class SinkOptions:
     topic: str | None = None
     group: str = "evq-spark-writer"
     batch: int = DEFAULT_WRITE_BATCH
+    security: SecurityOptions = SecurityOptions()
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): str(v) for k, v in options.items()}
+
+
+def parse_security(o: Mapping[str, str]) -> SecurityOptions:
+    """``accessKey`` and ``secretKey`` (both or neither) from lower-cased options."""
+    access, secret = o.get("accesskey") or None, o.get("secretkey") or None
+    if (access is None) != (secret is None):
+        missing = "secretKey" if secret is None else "accessKey"
+        raise OptionError(missing, "'accessKey' and 'secretKey' are given together")
+    credentials = Credentials(access, secret) if access and secret else None
+    return SecurityOptions(credentials=credentials)
 
 
 def parse_source(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -148,7 +182,8 @@ def parse_source(options: Mapping[str, str], *, streaming: bool) -> SourceOption
         expression_type=expression_type, body_as=body_as, body_schema=body_schema,
         max_per_trigger=_positive(o, "maxMessagesPerTrigger"),
         partition_size=_positive(o, "maxMessagesPerPartition") or DEFAULT_PARTITION_SIZE,
-        lock_wait_s=_positive(o, "lockTimeoutSeconds") or DEFAULT_LOCK_WAIT_S)
+        lock_wait_s=_positive(o, "lockTimeoutSeconds") or DEFAULT_LOCK_WAIT_S,
+        security=parse_security(o))
 
 
 def parse_sink(options: Mapping[str, str]) -> SinkOptions:
@@ -157,7 +192,8 @@ def parse_sink(options: Mapping[str, str]) -> SinkOptions:
         raise OptionError("namesrv", "writing needs the name servers of a live cluster")
     return SinkOptions(namesrv=o["namesrv"], topic=o.get("topic"),
                        group=o.get("producergroup", "evq-spark-writer"),
-                       batch=_positive(o, "batchSize") or DEFAULT_WRITE_BATCH)
+                       batch=_positive(o, "batchSize") or DEFAULT_WRITE_BATCH,
+                       security=parse_security(o))
 
 
 def parse_offsets(option: str, text: str) -> OffsetSpec:

@@ -63,7 +63,8 @@ def send_rows(opts: SinkOptions, rows: Iterable[Any]) -> int:
     """Send every row; the number sent.  Raises on the first failure (Spark retries the
     task, which resends: at least once)."""
     sent = 0
-    producer = SyncProducer(opts.group, opts.namesrv)
+    producer = SyncProducer(opts.group, opts.namesrv,
+                            security=opts.security.client_security())
     try:
         outgoing = (to_message(r.asDict(recursive=True) if hasattr(r, "asDict") else r,
                                opts.topic) for r in rows)

@@ -40,6 +40,7 @@ from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
 from evq.net.registration import BrokerRegistrar
+from evq.net.security import ClientSecurity
 from evq.net.transport import (
     Connection,
     Dispatcher,
@@ -104,6 +105,9 @@ class BrokerServer:
         self.acl: AclFile | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
+        credentials = settings.net.credentials
+        self._security = ClientSecurity(credentials) if credentials is not None else None
+        """What this broker signs with where it is a client: name servers, its master."""
 
     @property
     def address(self) -> str:
@@ -170,7 +174,8 @@ class BrokerServer:
                                broker_name=s.broker.broker_name, broker_id=s.broker.broker_id,
                                broker_addr=self.address,
                                ha_server_addr=self.ha_address or ""),
-                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0)
+                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0,
+                security=self._security)
             ctx.topics_changed = self.registrar.register_now
             await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
@@ -184,10 +189,13 @@ class BrokerServer:
         if s.broker.is_slave:
             self.ha_slave = HASlave(message_log, self._master_ha_addr,
                                     on_streaming=self._hand_back_offsets,
-                                    truncate=ctx.core.truncate_log)
+                                    truncate=ctx.core.truncate_log,
+                                    credentials=s.net.credentials)
             self.ha_slave.start()
             return
-        master = HAMaster(message_log, s.net.host, s.net.ha_port)
+        acl = self.acl
+        master = HAMaster(message_log, s.net.host, s.net.ha_port,
+                          accounts=(lambda: acl.config) if acl is not None else None)
         try:
             await master.start()
         except OSError as exc:
@@ -217,7 +225,8 @@ class BrokerServer:
     async def _send_offsets(self, master: str, commits: dict[tuple[str, str, int], int]
                             ) -> None:
         try:
-            async with RemotingClient(*split_address(master), clock=self._clock) as client:
+            async with RemotingClient(*split_address(master), clock=self._clock,
+                                      security=self._security) as client:
                 for (group, topic, queue_id), offset in commits.items():
                     await client.invoke(RemotingCommand.request(
                         RequestCode.UPDATE_CONSUMER_OFFSET,
