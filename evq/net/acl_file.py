@@ -19,10 +19,15 @@ from typing import Final
 
 from evq import logs
 from evq.acl.accounts import AclConfig, AclFileError, parse_acl
+from evq.acl.verifier import Decision, verify
+from evq.net.protocol import RemotingCommand
 
 log = logs.get_logger(__name__)
 
 POLL_S: Final = 1.0
+BIG_BODY: Final = 256 * 1024
+"""Bodies past this are signature-checked in a worker thread: HMAC over a 4 MiB batch takes
+milliseconds the event loop should spend on other connections (hashlib releases the GIL)."""
 _Stamp = tuple[int, int, int]
 
 
@@ -90,3 +95,15 @@ class AclFile:
         self.config, self._stamp = config, read
         log.info("acl_reloaded", file=str(self.path), accounts=len(config.accounts))
         return True
+
+
+def peer_ip(peer: str) -> str:
+    """The address part of a connection's ``ip:port`` (IPv6 addresses contain colons too)."""
+    return peer.rpartition(":")[0] or peer
+
+
+async def decide(config: AclConfig, peer: str, cmd: RemotingCommand) -> Decision:
+    """:func:`~evq.acl.verifier.verify` for a request that came from ``peer``, off the event
+    loop when its body is big."""
+    args = (config, peer_ip(peer), cmd.code, cmd.ext_fields, cmd.body)
+    return await asyncio.to_thread(verify, *args) if len(cmd.body) > BIG_BODY else verify(*args)

@@ -12,7 +12,8 @@ a test moves the clock and lets a short ``scan_interval`` notice.
 
 With an ACL file (``evq namesrv --acl-file``), the requests that change the tables
 (:data:`WRITE_CODES`) are refused NO_PERMISSION unless an admin account of that file signed
-them (:mod:`evq.acl.admin_only`); lookups stay open, as every client needs them.
+them (:func:`evq.acl.verifier.verify`, as the broker checks them: all of them are
+admin-only codes); lookups stay open, as every client needs them.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import Final
 
 from evq import logs
-from evq.acl.admin_only import admin_refusal
 from evq.acl.signature import ACCESS_KEY
+from evq.acl.verifier import Deny
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
-from evq.net.acl_file import AclFile
+from evq.net.acl_file import AclFile, decide
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
@@ -169,12 +170,11 @@ class NameServer:
 
         async def guarded(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
             assert self.acl is not None  # loaded before the server listens
-            ip = conn.peer.rpartition(":")[0]
-            reason = admin_refusal(self.acl.config, cmd.ext_fields, cmd.body, ip)
-            if reason is not None:
+            decision = await decide(self.acl.config, conn.peer, cmd)
+            if isinstance(decision, Deny):
                 log.warning("namesrv_write_refused", peer=conn.peer, code=cmd.code,
-                            access_key=cmd.ext_fields.get(ACCESS_KEY), reason=reason)
-                raise BrokerError(ResponseCode.NO_PERMISSION, reason)
+                            access_key=cmd.ext_fields.get(ACCESS_KEY), reason=decision.reason)
+                raise BrokerError(ResponseCode.NO_PERMISSION, decision.reason)
             return await handler(conn, cmd)
 
         return guarded

@@ -79,10 +79,10 @@ async def registered(server: NameServer) -> BrokerRegistrar:
 
 
 @pytest.mark.parametrize(("who", "reason"), [
-    (None, "not signed"),
-    (USER, "'userKey01' is not an admin"),
-    (Credentials("adminKey1", "wrongSecret"), "'adminKey1' does not match"),
-    (Credentials("nobody-at-all", "whatever1"), "no account 'nobody-at-all'"),
+    (None, "No accessKey is configured"),
+    (USER, "accessKey=userKey01 is not"),
+    (Credentials("adminKey1", "wrongSecret"), "Check signature failed for accessKey=adminKey1"),
+    (Credentials("nobody-at-all", "whatever1"), "No acl config for nobody-at-all"),
 ])
 async def test_writes_need_an_admin_signature(tmp_path: Path, who: Credentials | None,
                                               reason: str) -> None:
@@ -140,3 +140,12 @@ async def test_a_missing_acl_file_stops_the_start(tmp_path: Path) -> None:
     with pytest.raises(AclFileError, match="cannot read ACL file"):
         async with NameServer(HOST, 0, acl_file=tmp_path / "absent.yml"):
             pass
+
+
+def test_every_name_server_write_is_an_admin_code() -> None:
+    """The name server checks its writes with the broker's verifier, which asks for an admin
+    only on admin codes: a write code missing there would let any signed account through."""
+    from evq.acl.resources import ADMIN_CODES
+    from evq.net.namesrv import WRITE_CODES
+
+    assert WRITE_CODES <= ADMIN_CODES
