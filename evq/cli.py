@@ -471,9 +471,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from evq.net.transport import run_until_signal
 
     host = args.host or "127.0.0.1"
+    acl = _broker_settings(args).net  # the name server is not started yet: no address
+    if acl.acl_enable and acl.credentials is None:
+        raise UsageError("evq serve --acl: the name server takes registrations only from an "
+                         f"admin account of {acl.acl_path}; give the broker one with "
+                         "--access-key and --secret-key (or EVQ_ACCESS_KEY/EVQ_SECRET_KEY)")
 
     async def serve(stop: asyncio.Event) -> int:
-        namesrv = NameServer(host, args.namesrv_port)
+        # With ACL on, the name server guards its writes with the broker's own account file.
+        namesrv = NameServer(host, args.namesrv_port,
+                             acl_file=acl.acl_path if acl.acl_enable else None)
         try:
             await namesrv.start()
         except OSError as exc:
