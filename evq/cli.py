@@ -29,6 +29,7 @@ from evq import logs
 from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.domain.log import FlushMode
+from evq.net.tls import TlsConfigError
 
 if TYPE_CHECKING:
     from evq.net.broker import BrokerServer
@@ -106,15 +107,25 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on, 0 for any free one (default: {DEFAULT_PORT})")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="RocketMQ tls.* settings (tls.server.mode=..., as in tls.properties)")
+    _tls_server_flags(p)
     p.set_defaults(handler=_cmd_namesrv)
 
 
 def _cmd_namesrv(args: argparse.Namespace) -> int:
     from evq.net.namesrv import NameServer
     from evq.net.transport import run_until_signal
+    from evq.settings import SettingsError, load_tls
+
+    try:
+        tls = load_tls(config_file=args.config,
+                       flags={name: getattr(args, name) for name in _TLS_SERVER_FLAGS}).server()
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
 
     async def serve(stop: asyncio.Event) -> int:
-        server = NameServer(args.host, args.port)
+        server = NameServer(args.host, args.port, tls=tls)
         try:
             await server.start()
         except OSError as exc:
@@ -388,11 +399,53 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slave-read-enable", dest="slave_read_enable", action="store_true",
                    default=None, help="a slave serves pulls (RocketMQ's slaveReadEnable; "
                                       "default off: consumers read from the master)")
+    _tls_server_flags(p)
+    tls = p.add_argument_group("TLS of this broker's own connections (name servers, master)")
+    tls.add_argument("--tls-enable", dest="tls_enable", action="store_true", default=None,
+                     help="register with name servers and follow the master over TLS "
+                          "(tls.enable)")
+    tls.add_argument("--tls-client-ca", dest="tls_client_trust_cert_path", default=None,
+                     metavar="FILE", help="CA file their certificates must chain to "
+                                          "(tls.client.trustCertPath; default: the system's)")
+    tls.add_argument("--tls-client-cert", dest="tls_client_cert_path", default=None,
+                     metavar="FILE", help="this broker's client certificate "
+                                          "(tls.client.certPath)")
+    tls.add_argument("--tls-client-key", dest="tls_client_key_path", default=None,
+                     metavar="FILE", help="its key (tls.client.keyPath)")
 
 
+def _tls_server_flags(p: argparse.ArgumentParser) -> None:
+    """The listening side's TLS flags, shared by ``namesrv``, ``broker`` and ``serve``; the
+    key password only comes from a config file or EVQ_TLS_SERVER_KEY_PASSWORD."""
+    tls = p.add_argument_group("TLS of the ports this process listens on")
+    tls.add_argument("--tls-mode", dest="tls_server_mode", default=None,
+                     choices=["disabled", "permissive", "enforcing"],
+                     help="tls.server.mode: clear text only (default), TLS and clear text on "
+                          "one port, or TLS only")
+    tls.add_argument("--tls-cert", dest="tls_server_cert_path", default=None, metavar="FILE",
+                     help="server certificate chain, PEM (tls.server.certPath)")
+    tls.add_argument("--tls-key", dest="tls_server_key_path", default=None, metavar="FILE",
+                     help="its private key, PEM (tls.server.keyPath)")
+    tls.add_argument("--tls-ca", dest="tls_server_trust_cert_path", default=None,
+                     metavar="FILE",
+                     help="CA file client certificates must chain to (tls.server.trustCertPath)")
+    tls.add_argument("--tls-client-auth", dest="tls_server_need_client_auth", default=None,
+                     choices=["none", "optional", "require"],
+                     help="ask clients for a certificate (tls.server.need.client.auth; "
+                          "default none)")
+    tls.add_argument("--tls-handshake-timeout-ms", dest="tls_server_handshake_timeout_ms",
+                     type=_positive_int, default=None, metavar="MS",
+                     help="from accept to a finished handshake (default 10000)")
+
+
+_TLS_SERVER_FLAGS = ("tls_server_mode", "tls_server_cert_path", "tls_server_key_path",
+                     "tls_server_trust_cert_path", "tls_server_need_client_auth",
+                     "tls_server_handshake_timeout_ms")
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr", "slave_read_enable")
+                 "ha_listen_port", "master_ha_addr", "slave_read_enable", *_TLS_SERVER_FLAGS,
+                 "tls_enable", "tls_client_trust_cert_path", "tls_client_cert_path",
+                 "tls_client_key_path")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
@@ -454,8 +507,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     host = args.host or "127.0.0.1"
 
+    namesrv_tls = _broker_settings(args).tls.server()  # the broker's tls.server.* for both
+
     async def serve(stop: asyncio.Event) -> int:
-        namesrv = NameServer(host, args.namesrv_port)
+        namesrv = NameServer(host, args.namesrv_port, tls=namesrv_tls)
         try:
             await namesrv.start()
         except OSError as exc:
@@ -650,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (UnknownBackend, UsageError) as exc:
+    except (UnknownBackend, UsageError, TlsConfigError) as exc:
         _fail(exc)
         return EXIT_USAGE
     except Exception as exc:

@@ -4,13 +4,16 @@ The master's HA address comes from configuration or from the name servers' regis
 answer, whichever is known when a connection is attempted, so a slave started before its
 master (or before the name server knows the master) simply keeps trying.  Replicated bytes go
 through :meth:`MessageLog.append_replicated`, so the slave may run any backend; the offset it
-reports after each write is its acknowledgement (SYNC_MASTER waits for it).
+reports after each write is its acknowledgement (SYNC_MASTER waits for it).  With ``tls``
+(the broker's ``tls.enable`` and ``tls.client.*`` settings) it connects over TLS, checking the
+master's certificate as any evq client does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -56,11 +59,13 @@ class HASlave:
                  report_interval_s: float = REPORT_INTERVAL_S,
                  backoff: Backoff | None = None,
                  on_streaming: Callable[[], Awaitable[None]] | None = None,
-                 truncate: Callable[[int], None] | None = None) -> None:
+                 truncate: Callable[[int], None] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._log = message_log
         self._truncate = truncate or message_log.truncate
         self._window = LogWindow(message_log)
         self._master_addr = master_addr
+        self._tls = tls
         self._report_interval_s = report_interval_s
         self._backoff = backoff or Backoff()
         self._on_streaming = on_streaming
@@ -100,7 +105,7 @@ class HASlave:
     async def _session(self, addr: str) -> None:
         host, port = split_address(addr)
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, ssl=self._tls)
         try:
             start = await self._handshake(reader, writer)
             log.info("ha_streaming", master=addr, start=start)

@@ -31,6 +31,7 @@ from evq.net.register_broker import (
     kv_table,
 )
 from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
+from evq.net.tls import ServerTls
 from evq.net.transport import Connection, Dispatcher, Handler, RemotingServer, TransportConfig
 
 log = logs.get_logger(__name__)
@@ -61,6 +62,7 @@ class NameServer:
         first_scan_delay: float = FIRST_SCAN_DELAY,
         broker_expiry_ms: int = BROKER_EXPIRED_MS,
         config: TransportConfig | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.routes = RouteTable()
         self._clock = clock
@@ -83,7 +85,7 @@ class NameServer:
             RequestCode.GET_TOPICS_BY_CLUSTER: self._get_topics_by_cluster,
         }
         self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
-                                      clock=clock)
+                                      clock=clock, tls=tls)
 
     @property
     def port(self) -> int:

@@ -30,6 +30,7 @@ from evq.net.register_broker import (
     RegisterResult,
     body_crc32,
 )
+from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, TransportConfig, TransportError, split_address
 
 log = logs.get_logger(__name__)
@@ -70,6 +71,7 @@ class BrokerRegistrar:
         timeout: float = TIMEOUT,
         compressed: bool = False,
         config: TransportConfig | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.identity = identity
         self._topics = topics
@@ -79,7 +81,8 @@ class BrokerRegistrar:
         self._timeout = timeout
         self._compressed = compressed
         self._links = {
-            addr: _Link(addr, RemotingClient(*split_address(addr), config=config, clock=clock))
+            addr: _Link(addr, RemotingClient(*split_address(addr), config=config, clock=clock,
+                                             security=security))
             for addr in namesrv_addrs
         }
         self._data_version = DataVersion(clock.now_ms(), 0)

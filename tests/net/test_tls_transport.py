@@ -4,6 +4,7 @@ that have not finished their handshake."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import socket
@@ -16,7 +17,16 @@ import pytest
 from evq.domain.clock import ManualClock
 from evq.net.protocol import RemotingCommand
 from evq.net.security import ClientSecurity
-from evq.net.tls import ClientAuth, ServerTls, TlsMode, client_tls, server_context
+from evq.net.tls import (
+    ClientAuth,
+    ServerTls,
+    TlsConfigError,
+    TlsMode,
+    add_client_tls_flags,
+    client_tls,
+    client_tls_from_args,
+    server_context,
+)
 from evq.net.transport import (
     ConnectError,
     ConnectionClosed,
@@ -222,8 +232,6 @@ async def test_shutdown_closes_connections_still_in_the_handshake(pki: Pki) -> N
 
 
 def test_settings_name_unusable_files(tmp_path: Path, pki: Pki) -> None:
-    from evq.net.tls import TlsConfigError
-
     with pytest.raises(TlsConfigError, match="no such file"):
         server_context(cert=str(tmp_path / "missing.pem"), key=pki.server.key)
     with pytest.raises(TlsConfigError, match="key not matching"):
@@ -234,3 +242,27 @@ def test_settings_name_unusable_files(tmp_path: Path, pki: Pki) -> None:
     with pytest.raises(TlsConfigError, match="not a PEM CA file"):
         client_tls(ca=pki.server.key)
     assert client_tls() is None
+
+
+def test_client_flags_fall_back_on_the_environment(pki: Pki) -> None:
+    parser = argparse.ArgumentParser()
+    add_client_tls_flags(parser)
+    assert client_tls_from_args(parser.parse_args([]), {}) is None
+    from_env = client_tls_from_args(parser.parse_args([]), {"EVQ_TLS_CA": pki.ca})
+    assert from_env is not None
+    assert (from_env.verify_mode, from_env.check_hostname) == (ssl.CERT_REQUIRED, True)
+    insecure = client_tls_from_args(parser.parse_args(["--tls", "--tls-no-verify"]), {})
+    assert insecure is not None and insecure.verify_mode == ssl.CERT_NONE
+    with pytest.raises(TlsConfigError, match="no such file"):
+        client_tls_from_args(parser.parse_args(["--tls-cert", pki.client.cert]),
+                             {"EVQ_TLS_KEY": "/nonexistent.key"})
+
+
+async def test_a_client_built_from_flags_passes_mutual_tls(pki: Pki) -> None:
+    parser = argparse.ArgumentParser()
+    add_client_tls_flags(parser)
+    args = parser.parse_args(["--tls-ca", pki.ca, "--tls-cert", pki.client.cert])
+    context = client_tls_from_args(args, {"EVQ_TLS_KEY": pki.client.key})
+    tls = server_tls(pki, TlsMode.ENFORCING, client_auth=ClientAuth.REQUIRE)
+    async with tls_serving(tls) as server:
+        assert await echo_over(server, context) == b"hello"

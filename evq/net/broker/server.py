@@ -7,6 +7,10 @@ registers the processors, and only then listens: while the store opens, connecti
 refused (clients retry), never answered REQUEST_CODE_NOT_SUPPORTED (which stock producers do
 not retry).  Shutdown answers in-flight requests, releases parked pulls, flushes the store and
 removes its abort marker.
+
+TLS settings (``tls.*``) apply to both of its ports, the remoting port and the HA port, and
+(``tls.enable``) to every connection it opens itself: registration with the name servers, a
+slave's HA link and the offsets it hands back to its master.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
 from evq.net.registration import BrokerRegistrar
+from evq.net.security import ClientSecurity
 from evq.net.transport import (
     Connection,
     Dispatcher,
@@ -93,8 +98,14 @@ class BrokerServer:
         self.settings = settings
         self._clock = clock
         self._dispatcher = Dispatcher()
+        self._server_tls = settings.tls.server()
+        self._client_tls = settings.tls.client()
+        self.security = (ClientSecurity(tls=self._client_tls)
+                         if self._client_tls is not None else None)
+        """What the broker's own outgoing connections carry."""
         self.server = RemotingServer(settings.net.host, settings.net.listen_port,
-                                     self._dispatcher, config=transport, clock=clock)
+                                     self._dispatcher, config=transport, clock=clock,
+                                     tls=self._server_tls)
         self.ctx: BrokerContext | None = None
         self.registrar: BrokerRegistrar | None = None
         self.ha_master: HAMaster | None = None
@@ -158,7 +169,8 @@ class BrokerServer:
                                broker_name=s.broker.broker_name, broker_id=s.broker.broker_id,
                                broker_addr=self.address,
                                ha_server_addr=self.ha_address or ""),
-                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0)
+                lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0,
+                security=self.security)
             ctx.topics_changed = self.registrar.register_now
             await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
@@ -172,10 +184,10 @@ class BrokerServer:
         if s.broker.is_slave:
             self.ha_slave = HASlave(message_log, self._master_ha_addr,
                                     on_streaming=self._hand_back_offsets,
-                                    truncate=ctx.core.truncate_log)
+                                    truncate=ctx.core.truncate_log, tls=self._client_tls)
             self.ha_slave.start()
             return
-        master = HAMaster(message_log, s.net.host, s.net.ha_port)
+        master = HAMaster(message_log, s.net.host, s.net.ha_port, tls=self._server_tls)
         try:
             await master.start()
         except OSError as exc:
@@ -205,7 +217,8 @@ class BrokerServer:
     async def _send_offsets(self, master: str, commits: dict[tuple[str, str, int], int]
                             ) -> None:
         try:
-            async with RemotingClient(*split_address(master), clock=self._clock) as client:
+            async with RemotingClient(*split_address(master), clock=self._clock,
+                                      security=self.security) as client:
                 for (group, topic, queue_id), offset in commits.items():
                     await client.invoke(RemotingCommand.request(
                         RequestCode.UPDATE_CONSUMER_OFFSET,
