@@ -143,8 +143,10 @@ class SniffingListener:
         except TimeoutError:
             log.info("handshake_timeout", peer=peer, port=self.port,
                      seconds=self._tls.handshake_timeout)
-        except (OSError, EOFError) as exc:
+        except OSError as exc:  # ssl.SSLError included: a bad hello, an untrusted client
             log.info("handshake_failed", peer=peer, port=self.port, error=describe(exc))
+        except Exception:  # a bug here must cost one connection, never the listener
+            log.exception("admit_failed", peer=peer, port=self.port)
         finally:
             if not handed:
                 sock.close()
