@@ -30,6 +30,7 @@ from evq.admin.commands import add_admin, add_namesrv_flag
 from evq.backends.registry import DEFAULT_BACKEND, UnknownBackend
 from evq.client.security_flags import SecurityFlagError, add_security_flags, client_security
 from evq.domain.log import FlushMode
+from evq.net.tls import TlsConfigError
 
 if TYPE_CHECKING:
     from evq.net.broker import BrokerServer
@@ -111,15 +112,25 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="a RocketMQ plain_acl.yml: broker registration, KV config and topic "
                         "deletion then need an admin account's signature (lookups stay "
                         "open); the file is re-read when it changes")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="RocketMQ tls.* settings (tls.server.mode=..., as in tls.properties)")
+    _tls_server_flags(p)
     p.set_defaults(handler=_cmd_namesrv)
 
 
 def _cmd_namesrv(args: argparse.Namespace) -> int:
     from evq.net.namesrv import NameServer
     from evq.net.transport import run_until_signal
+    from evq.settings import SettingsError, load_tls
+
+    try:
+        tls = load_tls(config_file=args.config,
+                       flags={name: getattr(args, name) for name in _TLS_SERVER_FLAGS}).server()
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
 
     async def serve(stop: asyncio.Event) -> int:
-        server = NameServer(args.host, args.port, acl_file=args.acl_file)
+        server = NameServer(args.host, args.port, acl_file=args.acl_file, tls=tls)
         try:
             await server.start()
         except OSError as exc:
@@ -405,12 +416,54 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--acl-file", dest="acl_file", default=None, metavar="FILE",
                    help="RocketMQ plain_acl.yml accounts, reloaded when it changes "
                         "(default: DATA/conf/plain_acl.yml)")
+    _tls_server_flags(p)
+    tls = p.add_argument_group("TLS of this broker's own connections (name servers, master)")
+    tls.add_argument("--tls-enable", dest="tls_enable", action="store_true", default=None,
+                     help="register with name servers and follow the master over TLS "
+                          "(tls.enable)")
+    tls.add_argument("--tls-client-ca", dest="tls_client_trust_cert_path", default=None,
+                     metavar="FILE", help="CA file their certificates must chain to "
+                                          "(tls.client.trustCertPath; default: the system's)")
+    tls.add_argument("--tls-client-cert", dest="tls_client_cert_path", default=None,
+                     metavar="FILE", help="this broker's client certificate "
+                                          "(tls.client.certPath)")
+    tls.add_argument("--tls-client-key", dest="tls_client_key_path", default=None,
+                     metavar="FILE", help="its key (tls.client.keyPath)")
 
 
+def _tls_server_flags(p: argparse.ArgumentParser) -> None:
+    """The listening side's TLS flags, shared by ``namesrv``, ``broker`` and ``serve``; the
+    key password only comes from a config file or EVQ_TLS_SERVER_KEY_PASSWORD."""
+    tls = p.add_argument_group("TLS of the ports this process listens on")
+    tls.add_argument("--tls-mode", dest="tls_server_mode", default=None,
+                     choices=["disabled", "permissive", "enforcing"],
+                     help="tls.server.mode: clear text only (default), TLS and clear text on "
+                          "one port, or TLS only")
+    tls.add_argument("--tls-cert", dest="tls_server_cert_path", default=None, metavar="FILE",
+                     help="server certificate chain, PEM (tls.server.certPath)")
+    tls.add_argument("--tls-key", dest="tls_server_key_path", default=None, metavar="FILE",
+                     help="its private key, PEM (tls.server.keyPath)")
+    tls.add_argument("--tls-ca", dest="tls_server_trust_cert_path", default=None,
+                     metavar="FILE",
+                     help="CA file client certificates must chain to (tls.server.trustCertPath)")
+    tls.add_argument("--tls-client-auth", dest="tls_server_need_client_auth", default=None,
+                     choices=["none", "optional", "require"],
+                     help="ask clients for a certificate (tls.server.need.client.auth; "
+                          "default none)")
+    tls.add_argument("--tls-handshake-timeout-ms", dest="tls_server_handshake_timeout_ms",
+                     type=_positive_int, default=None, metavar="MS",
+                     help="from accept to a finished handshake (default 10000)")
+
+
+_TLS_SERVER_FLAGS = ("tls_server_mode", "tls_server_cert_path", "tls_server_key_path",
+                     "tls_server_trust_cert_path", "tls_server_need_client_auth",
+                     "tls_server_handshake_timeout_ms")
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
                  "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
-                 "secret_key", "acl_enable", "acl_file")
+                 "secret_key", "acl_enable", "acl_file", *_TLS_SERVER_FLAGS,
+                 "tls_enable", "tls_client_trust_cert_path", "tls_client_cert_path",
+                 "tls_client_key_path")
 
 
 def _broker_settings(args: argparse.Namespace) -> Settings:
@@ -471,16 +524,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from evq.net.transport import run_until_signal
 
     host = args.host or "127.0.0.1"
-    acl = _broker_settings(args).net  # the name server is not started yet: no address
+    early = _broker_settings(args)  # before the name server listens: no address in it yet
+    acl = early.net
     if acl.acl_enable and acl.credentials is None:
         raise UsageError("evq serve --acl: the name server takes registrations only from an "
                          f"admin account of {acl.acl_path}; give the broker one with "
                          "--access-key and --secret-key (or EVQ_ACCESS_KEY/EVQ_SECRET_KEY)")
 
+    namesrv_tls = early.tls.server()  # the broker's tls.server.* for both ports
+
     async def serve(stop: asyncio.Event) -> int:
         # With ACL on, the name server guards its writes with the broker's own account file.
         namesrv = NameServer(host, args.namesrv_port,
-                             acl_file=acl.acl_path if acl.acl_enable else None)
+                             acl_file=acl.acl_path if acl.acl_enable else None, tls=namesrv_tls)
         try:
             await namesrv.start()
         except OSError as exc:
@@ -681,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (UnknownBackend, UsageError, SecurityFlagError) as exc:
+    except (UnknownBackend, UsageError, SecurityFlagError, TlsConfigError) as exc:
         _fail(exc)
         return EXIT_USAGE
     except Exception as exc:

@@ -23,6 +23,8 @@ from evq.backends.config import StoreConfig
 from evq.backends.registry import DEFAULT_BACKEND
 from evq.domain.broker_config import BrokerConfig, BrokerRole
 from evq.domain.config_json import camel
+from evq.net import tls
+from evq.net.tls import TlsSettings
 
 ENV_PREFIX = "EVQ_"
 
@@ -77,6 +79,7 @@ class Settings:
     net: NetSettings
     broker: BrokerConfig
     store: StoreConfig
+    tls: TlsSettings = attrs.field(factory=TlsSettings)
 
 
 # RocketMQ broker.conf names that are not the camelCase of ours.
@@ -93,8 +96,9 @@ ALIASES = {
     "transactionCheckInterval": "transaction_check_interval_ms",
     "brokerPermission": "broker_permission",
     "haMasterAddress": "master_ha_addr",
-}
-_TARGETS: dict[str, type] = {"net": NetSettings, "broker": BrokerConfig, "store": StoreConfig}
+} | tls.ALIASES
+_TARGETS: dict[str, type] = {"net": NetSettings, "broker": BrokerConfig, "store": StoreConfig,
+                             "tls": TlsSettings}
 # Settings both the broker and the store read; one value feeds both.
 _SHARED = {"file_reserved_hours", "sync_flush_timeout_ms"}
 
@@ -179,19 +183,42 @@ def load(
     *, config_file: Path | None = None, env: Mapping[str, str] | None = None,
     flags: Mapping[str, object] | None = None,
 ) -> Settings:
+    return build(_collect(config_file, env, flags, targets=set(_TARGETS)))
+
+
+def load_tls(
+    *, config_file: Path | None = None, env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> TlsSettings:
+    """The ``tls.*`` settings alone, for a name server: its config file may hold nothing
+    else, and the broker's ``EVQ_*`` variables in its environment are not its business."""
+    values = _collect(config_file, env, flags, targets={"tls"})
+    try:
+        return TlsSettings(**values)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def _collect(config_file: Path | None, env: Mapping[str, str] | None,
+             flags: Mapping[str, object] | None, *, targets: set[str]) -> dict[str, object]:
+    """Every source's values by our setting name, later sources winning; a key that is not a
+    setting of ``targets`` is an error naming its source (environment variables of other
+    targets are skipped: one environment serves several programs)."""
     values: dict[str, object] = {}
+    environment = from_environment(os.environ if env is None else env)
     sources: list[tuple[str, Mapping[str, object]]] = []
     if config_file is not None:
         sources.append((str(config_file), read_file(config_file)))
-    sources.append(("environment", from_environment(os.environ if env is None else env)))
+    sources.append(("environment", {k: v for k, v in environment.items()
+                                    if FIELDS[k][0] in targets}))
     sources.append(("command line", {k: v for k, v in (flags or {}).items() if v is not None}))
     for source, raw in sources:
         for key, value in raw.items():
             name = canonical(key)
-            if name is None:
+            if name is None or FIELDS[name][0] not in targets:
                 raise SettingsError(f"{source}: unknown setting {key!r}")
             values[name] = _convert(name, value, source)
-    return build(values)
+    return values
 
 
 def build(values: Mapping[str, object]) -> Settings:
@@ -207,6 +234,10 @@ def build(values: Mapping[str, object]) -> Settings:
     if bool(net.access_key) != bool(net.secret_key):
         raise SettingsError("accessKey and secretKey are set together (the broker's own "
                             "account), or neither")
+    try:
+        tls_settings = TlsSettings(**per_target["tls"])  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     broker_values = {"store_host": (net.host, net.listen_port)} | per_target["broker"]
     store_values = {"store_host": broker_values["store_host"]} | per_target["store"]
     try:
@@ -218,6 +249,6 @@ def build(values: Mapping[str, object]) -> Settings:
         raise SettingsError("a SLAVE needs a brokerId greater than 0")
     if broker.broker_role is not BrokerRole.SLAVE and broker.broker_id != 0:
         raise SettingsError("a master has brokerId 0; set brokerRole=SLAVE for other ids")
-    return Settings(net, broker, store)
+    return Settings(net, broker, store, tls_settings)
 
 

@@ -81,3 +81,36 @@ def test_ha_settings_under_rocketmq_names(tmp_path: Path) -> None:
     assert (s.net.master_ha_addr, s.net.ha_port) == ("10.0.0.1:10912", 20912)
     assert load(env={}, flags={"listen_port": 10911}).net.ha_port == 10912  # RocketMQ's +1
     assert load(env={}, flags={"listen_port": 0}).net.ha_port == 0  # any free port
+
+
+def test_tls_settings_take_rocketmq_keys_environment_and_flags(tmp_path: Path) -> None:
+    from evq.net.tls import ClientAuth, TlsMode
+
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerName=b\ntls.server.mode=permissive\ntls.server.certPath=/c.pem\n"
+                    "tls.server.keyPath=/k.pem\ntls.server.keyPassword=secret\n"
+                    "tls.server.need.client.auth=optional\ntls.enable=true\n"
+                    "tls.client.authServer=false\n")
+    s = load(config_file=conf, env={"EVQ_TLS_CLIENT_TRUST_CERT_PATH": "/ca.pem"},
+             flags={"tls_server_mode": "enforcing"})
+    assert s.tls.tls_server_mode is TlsMode.ENFORCING
+    assert s.tls.tls_server_need_client_auth is ClientAuth.OPTIONAL
+    assert (s.tls.tls_enable, s.tls.tls_client_auth_server) == (True, False)
+    assert s.tls.tls_client_trust_cert_path == "/ca.pem"
+    assert "secret" not in repr(s.tls)
+    assert load(env={}).tls.server() is None and load(env={}).tls.client() is None
+
+
+def test_a_name_server_takes_only_tls_settings(tmp_path: Path) -> None:
+    from evq.net.tls import TlsMode
+    from evq.settings import load_tls
+
+    conf = tmp_path / "tls.properties"
+    conf.write_text("tls.server.mode=enforcing\ntls.server.certPath=/c\ntls.server.keyPath=/k\n")
+    tls = load_tls(config_file=conf, env={"EVQ_BROKER_NAME": "not the name server's"})
+    assert tls.tls_server_mode is TlsMode.ENFORCING
+    conf.write_text("brokerName=b\n")
+    with pytest.raises(SettingsError, match="unknown setting 'brokerName'"):
+        load_tls(config_file=conf, env={})
+    with pytest.raises(SettingsError, match=r"tls.server.mode=enforcing needs"):
+        load_tls(env={"EVQ_TLS_SERVER_MODE": "enforcing"})

@@ -8,6 +8,10 @@ reports, which are its acknowledgements.  Store calls run off the loop.
 
 With ``accounts`` (the broker's ACL), a connection is admitted only once the slave proved an
 admin account (:mod:`evq.ha.auth`); until then the master says nothing about its log.
+With ``tls`` (the broker's ``tls.server.*`` settings) the HA port takes slaves as the
+remoting port takes clients: TLS only when enforcing, TLS or clear text when permissive, each
+connection's handshake bounded (:mod:`evq.net.listener`); replication then streams the whole
+log encrypted.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from evq.ha.frames import (
 )
 from evq.ha.handshake import decide
 from evq.ha.log_window import LogWindow
+from evq.net.listener import SniffingListener
+from evq.net.tls import ServerTls
 
 log = logs.get_logger(__name__)
 
@@ -67,7 +73,8 @@ class HAMaster:
     def __init__(self, message_log: MessageLog, host: str, port: int, *,
                  heartbeat_s: float = HEARTBEAT_S, housekeeping_s: float = HOUSEKEEPING_S,
                  fallbehind_max: int = SLAVE_FALLBEHIND_MAX,
-                 accounts: Callable[[], AclConfig] | None = None) -> None:
+                 accounts: Callable[[], AclConfig] | None = None,
+                 tls: ServerTls | None = None) -> None:
         self._log = message_log
         self._accounts = accounts
         self._window = LogWindow(message_log)
@@ -79,13 +86,17 @@ class HAMaster:
         self._slaves: set[_Slave] = set()
         self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
         self._seq = itertools.count()
+        self._tls = tls
         self._server: asyncio.Server | None = None
+        self._listener: SniffingListener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe = lambda: None
         self._connections: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
+        if self._listener is not None:
+            return self._listener.port
         if self._server is None:
             return self._port
         return int(self._server.sockets[0].getsockname()[1])
@@ -101,7 +112,13 @@ class HAMaster:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        if self._tls is None:
+            self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        else:
+            self._listener = SniffingListener(self._host, self._port, self._tls,
+                                              self._stream_protocol)
+            await self._listener.bind()
+            await self._listener.start_serving()
         self._unsubscribe = self._log.subscribe_dispatch(self._on_dispatch)
         log.info("ha_master_listening", address=self.address)
 
@@ -109,6 +126,8 @@ class HAMaster:
         self._unsubscribe()
         if self._server is not None:
             self._server.close()
+        if self._listener is not None:
+            await self._listener.close()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -153,6 +172,10 @@ class HAMaster:
     def _wake_all(self) -> None:
         for slave in self._slaves:
             slave.wake.set()
+
+    def _stream_protocol(self) -> asyncio.StreamReaderProtocol:
+        """What ``asyncio.start_server`` makes per connection, for the sniffing listener."""
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._serve)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """asyncio's callback for a new connection: the session runs in a task of the

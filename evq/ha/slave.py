@@ -5,13 +5,16 @@ answer, whichever is known when a connection is attempted, so a slave started be
 master (or before the name server knows the master) simply keeps trying.  Replicated bytes go
 through :meth:`MessageLog.append_replicated`, so the slave may run any backend; the offset it
 reports after each write is its acknowledgement (SYNC_MASTER waits for it).  A master with an
-ACL admits only a slave that proves an admin account: the broker's own ``credentials``.
+ACL admits only a slave that proves an admin account: the broker's own ``credentials``.  With
+``tls`` (the broker's ``tls.enable`` and ``tls.client.*`` settings) it connects over TLS,
+checking the master's certificate as any evq client does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 
 import attrs
@@ -70,12 +73,14 @@ class HASlave:
                  backoff: Backoff | None = None,
                  on_streaming: Callable[[], Awaitable[None]] | None = None,
                  truncate: Callable[[int], None] | None = None,
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._log = message_log
         self._credentials = credentials
         self._truncate = truncate or message_log.truncate
         self._window = LogWindow(message_log)
         self._master_addr = master_addr
+        self._tls = tls
         self._report_interval_s = report_interval_s
         self._backoff = backoff or Backoff()
         self._on_streaming = on_streaming
@@ -117,7 +122,7 @@ class HASlave:
     async def _session(self, addr: str) -> None:
         host, port = split_address(addr)
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, ssl=self._tls)
         try:
             start = await self._handshake(reader, writer)
             log.info("ha_streaming", master=addr, start=start)

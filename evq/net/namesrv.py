@@ -41,6 +41,7 @@ from evq.net.register_broker import (
     kv_table,
 )
 from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
+from evq.net.tls import ServerTls
 from evq.net.transport import Connection, Dispatcher, Handler, RemotingServer, TransportConfig
 
 log = logs.get_logger(__name__)
@@ -81,6 +82,7 @@ class NameServer:
         broker_expiry_ms: int = BROKER_EXPIRED_MS,
         config: TransportConfig | None = None,
         acl_file: Path | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.routes = RouteTable()
         self._acl_file = acl_file
@@ -111,7 +113,7 @@ class NameServer:
             handlers = {code: self._admin_only(h) if code in WRITE_CODES else h
                         for code, h in handlers.items()}
         self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
-                                      clock=clock)
+                                      clock=clock, tls=tls)
 
     @property
     def port(self) -> int:

@@ -49,6 +49,12 @@ What the transport promises, and why:
   then the connection is closed; the server and its other connections carry on.
 * Idle connections (nothing received or sent and no request running for ``idle_timeout``
   seconds, by the injected clock) are closed by the server.
+* TLS (``tls.server.mode``): a server given a :class:`~evq.net.tls.ServerTls` accepts
+  through :class:`~evq.net.listener.SniffingListener` (permissive: TLS and clear text on one
+  port; enforcing: TLS only), with a bounded handshake; without one it is asyncio's own accept
+  path, as before.  A client opened with ``security.tls`` connects over TLS, checking the
+  server's certificate against the address it dialled (IP addresses included), and a failed
+  handshake is a :class:`ConnectError` that says why.
 * :meth:`RemotingServer.shutdown` stops accepting, stops reading, lets running handlers answer
   for up to ``grace`` seconds, then closes every connection; :func:`run_until_signal` runs a
   program on uvloop (when installed) until SIGTERM or SIGINT asks it to do that.
@@ -60,6 +66,7 @@ import asyncio
 import functools
 import itertools
 import signal
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar, cast
 
@@ -69,6 +76,7 @@ from evq import logs
 from evq.acl.signature import signed_fields
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.listener import SniffingListener
 from evq.net.protocol import (
     MAX_FRAME,
     ONEWAY_FLAG,
@@ -78,6 +86,7 @@ from evq.net.protocol import (
     RemotingCommand,
 )
 from evq.net.security import ClientSecurity
+from evq.net.tls import ServerTls, describe
 
 _uvloop_factory: Callable[[], asyncio.AbstractEventLoop] | None
 try:
@@ -469,7 +478,11 @@ class Connection(asyncio.Protocol):
 
 
 class RemotingServer:
-    """Accepts remoting connections on ``host:port`` (port 0 picks a free one)."""
+    """Accepts remoting connections on ``host:port`` (port 0 picks a free one).
+
+    ``tls`` (None: clear text only, asyncio's own accept path) makes the port permissive or
+    enforcing, through a :class:`~evq.net.listener.SniffingListener`; a connection joins
+    :attr:`connections` once its handshake is done."""
 
     def __init__(
         self,
@@ -479,13 +492,16 @@ class RemotingServer:
         *,
         config: TransportConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        tls: ServerTls | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.dispatcher = dispatcher
         self.config = config or TransportConfig()
+        self.tls = tls
         self._clock = clock
         self._server: asyncio.Server | None = None
+        self._listener: SniffingListener | None = None
         self._connections: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -497,19 +513,28 @@ class RemotingServer:
         into every stored record) binds first and calls :meth:`start_serving` once ready:
         until then the port is held but connections are refused, which every client retries,
         rather than accepted and answered with a code a client gives up on."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._new_connection, self.host, self.port, reuse_address=True, backlog=1024,
-            start_serving=False,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self.tls is not None:
+            self._listener = SniffingListener(self.host, self.port, self.tls,
+                                              self._make_connection, self._track)
+            await self._listener.bind()
+            self.port = self._listener.port
+        else:
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(
+                self._new_connection, self.host, self.port, reuse_address=True, backlog=1024,
+                start_serving=False,
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
         if serving:
             await self.start_serving()
 
     async def start_serving(self) -> None:
         """Listen on the bound port and accept connections."""
-        assert self._server is not None, "start() binds first"
-        await self._server.start_serving()
+        if self._listener is not None:
+            await self._listener.start_serving()
+        else:
+            assert self._server is not None, "start() binds first"
+            await self._server.start_serving()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         log.info("listening", host=self.host, port=self.port)
 
@@ -532,9 +557,13 @@ class RemotingServer:
     async def shutdown(self, grace: float = 10.0) -> None:
         """Stop accepting and reading, give running handlers ``grace`` seconds to answer,
         then close every connection (aborting those whose peer does not take the bytes)."""
-        if self._server is None:
+        if self._server is None and self._listener is None:
             return
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
         if self._sweeper is not None:
             self._sweeper.cancel()
         loop = asyncio.get_running_loop()
@@ -558,8 +587,9 @@ class RemotingServer:
             if not waiter.done():
                 conn.abort()
                 waiter.cancel()
-        await self._server.wait_closed()
-        self._server = None
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
         log.info("stopped", host=self.host, port=self.port)
 
     async def __aenter__(self) -> RemotingServer:
@@ -570,10 +600,17 @@ class RemotingServer:
         await self.shutdown()
 
     def _new_connection(self) -> Connection:
-        conn = Connection(self.dispatcher, self.config, self._clock, pause_on_write=True)
+        conn = self._make_connection()
+        self._track(conn)
+        return conn
+
+    def _make_connection(self) -> Connection:
+        return Connection(self.dispatcher, self.config, self._clock, pause_on_write=True)
+
+    def _track(self, conn: asyncio.BaseProtocol) -> None:
+        assert isinstance(conn, Connection)
         self._connections.add(conn)
         conn.add_close_callback(self._connections.discard)
-        return conn
 
     async def _sweep(self) -> None:
         while True:
@@ -652,6 +689,9 @@ class RemotingClient:
                     self.port,
                     ssl=self.security.tls if self.security is not None else None,
                 )
+        except ssl.SSLError as exc:
+            raise ConnectError(
+                f"TLS handshake with {self.address} failed: {describe(exc)}") from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {self.address}: {exc or 'timed out'}") from exc
         return conn

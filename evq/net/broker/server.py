@@ -7,6 +7,10 @@ registers the processors, and only then listens: while the store opens, connecti
 refused (clients retry), never answered REQUEST_CODE_NOT_SUPPORTED (which stock producers do
 not retry).  Shutdown answers in-flight requests, releases parked pulls, flushes the store and
 removes its abort marker.
+
+TLS settings (``tls.*``) apply to both of its ports, the remoting port and the HA port, and
+(``tls.enable``) to every connection it opens itself: registration with the name servers, a
+slave's HA link and the offsets it hands back to its master.
 """
 
 from __future__ import annotations
@@ -96,8 +100,16 @@ class BrokerServer:
         self.settings = settings
         self._clock = clock
         self._dispatcher = Dispatcher()
+        self._server_tls = settings.tls.server()
+        self._client_tls = settings.tls.client()
+        credentials = settings.net.credentials
+        self.security = (ClientSecurity(credentials, self._client_tls)
+                         if credentials is not None or self._client_tls is not None else None)
+        """What the broker's own outgoing connections carry (name servers, its master): its
+        own account's signature and TLS, each when configured."""
         self.server = RemotingServer(settings.net.host, settings.net.listen_port,
-                                     self._dispatcher, config=transport, clock=clock)
+                                     self._dispatcher, config=transport, clock=clock,
+                                     tls=self._server_tls)
         self.ctx: BrokerContext | None = None
         self.registrar: BrokerRegistrar | None = None
         self.ha_master: HAMaster | None = None
@@ -105,9 +117,6 @@ class BrokerServer:
         self.acl: AclFile | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closers: list[Callable[[], None]] = []
-        credentials = settings.net.credentials
-        self._security = ClientSecurity(credentials) if credentials is not None else None
-        """What this broker signs with where it is a client: name servers, its master."""
 
     @property
     def address(self) -> str:
@@ -175,7 +184,7 @@ class BrokerServer:
                                broker_addr=self.address,
                                ha_server_addr=self.ha_address or ""),
                 lambda: engine.core.topics().values(), clock=self._clock, first_delay=0.0,
-                security=self._security)
+                security=self.security)
             ctx.topics_changed = self.registrar.register_now
             await self.registrar.start()
         log.info("broker_started", address=self.address, backend=s.net.backend,
@@ -190,12 +199,13 @@ class BrokerServer:
             self.ha_slave = HASlave(message_log, self._master_ha_addr,
                                     on_streaming=self._hand_back_offsets,
                                     truncate=ctx.core.truncate_log,
-                                    credentials=s.net.credentials)
+                                    credentials=s.net.credentials, tls=self._client_tls)
             self.ha_slave.start()
             return
         acl = self.acl
         master = HAMaster(message_log, s.net.host, s.net.ha_port,
-                          accounts=(lambda: acl.config) if acl is not None else None)
+                          accounts=(lambda: acl.config) if acl is not None else None,
+                          tls=self._server_tls)
         try:
             await master.start()
         except OSError as exc:
@@ -226,7 +236,7 @@ class BrokerServer:
                             ) -> None:
         try:
             async with RemotingClient(*split_address(master), clock=self._clock,
-                                      security=self._security) as client:
+                                      security=self.security) as client:
                 for (group, topic, queue_id), offset in commits.items():
                     await client.invoke(RemotingCommand.request(
                         RequestCode.UPDATE_CONSUMER_OFFSET,
