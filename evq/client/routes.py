@@ -191,6 +191,7 @@ class Routes:
         """Ask the name servers in turn (the next one after a transport failure); the
         answer, whatever its code."""
         last: Exception | None = None
+        failures: dict[str, str] = {}
         for _ in self._namesrv:
             client = self._namesrv[self._next % len(self._namesrv)]
             try:
@@ -199,7 +200,9 @@ class Routes:
                 log.warning("name server unreachable", addr=client.address, error=str(exc))
                 self._next += 1
                 last = exc
-        tried = ", ".join(c.address for c in self._namesrv)
+                failures[client.address] = str(exc)
+        # Each server's own failure: refused, timed out, a TLS certificate rejected...
+        tried = "; ".join(f"{addr}: {why}" for addr, why in failures.items())
         raise ClientError(f"no name server reachable for {what} (tried {tried})") from last
 
     async def refresh(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -22,6 +23,7 @@ from evq.acl.signature import Credentials
 from evq.backends.registry import BACKENDS
 from evq.domain.filters import FilterError, parse_subscription
 from evq.net.security import ClientSecurity
+from evq.net.tls import ENV_TLS_KEY_PASSWORD, TlsConfigError, client_tls
 
 DEFAULT_BROKER_NAME: Final = "broker-a"
 DEFAULT_PARTITION_SIZE: Final = 100_000
@@ -66,13 +68,21 @@ class SecurityOptions:
     """
 
     credentials: Credentials | None = None
-    # TLS: the ``tls*`` options are parsed in :func:`parse_security` into fields here, and
-    # :meth:`client_security` turns them into the SSL context.
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_verify: bool = True
 
     def client_security(self) -> ClientSecurity | None:
-        if self.credentials is None:
+        """The live value, built where the connection opens (driver or executor: the TLS
+        files must be readable there).  Raises :class:`evq.net.tls.TlsConfigError`."""
+        tls = client_tls(enable=self.tls, ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key,
+                         key_password=os.environ.get(ENV_TLS_KEY_PASSWORD) or None,
+                         verify=self.tls_verify)
+        if self.credentials is None and tls is None:
             return None
-        return ClientSecurity(credentials=self.credentials)
+        return ClientSecurity(credentials=self.credentials, tls=tls)
 
 
 class BodyAs(enum.Enum):
@@ -124,13 +134,23 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_security(o: Mapping[str, str]) -> SecurityOptions:
-    """``accessKey`` and ``secretKey`` (both or neither) from lower-cased options."""
+    """``accessKey`` and ``secretKey`` (both or neither), ``tls``, ``tlsCa``, ``tlsCert``,
+    ``tlsKey`` and ``tlsVerify`` from lower-cased options (the key's password, when it has
+    one, from ``EVQ_TLS_KEY_PASSWORD`` on every machine)."""
     access, secret = o.get("accesskey") or None, o.get("secretkey") or None
     if (access is None) != (secret is None):
         missing = "secretKey" if secret is None else "accessKey"
         raise OptionError(missing, "'accessKey' and 'secretKey' are given together")
     credentials = Credentials(access, secret) if access and secret else None
-    return SecurityOptions(credentials=credentials)
+    security = SecurityOptions(
+        credentials=credentials, tls=_bool(o, "tls", False), tls_ca=o.get("tlsca") or None,
+        tls_cert=o.get("tlscert") or None, tls_key=o.get("tlskey") or None,
+        tls_verify=_bool(o, "tlsVerify", True))
+    try:  # a bad file or a key without its certificate fails on the driver, at once
+        security.client_security()
+    except TlsConfigError as exc:
+        raise OptionError("tls", str(exc)) from None
+    return security
 
 
 def parse_source(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -239,6 +259,17 @@ def _enum(kind: type[BodyAs], option: str, value: str) -> BodyAs:
     except ValueError:
         raise OptionError(option, f"{value!r} is not one of "
                                   f"{', '.join(m.value for m in kind)}") from None
+
+
+def _bool(o: Mapping[str, str], option: str, default: bool) -> bool:
+    raw = o.get(option.lower())
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip().lower() in ("true", "1"):
+        return True
+    if raw.strip().lower() in ("false", "0"):
+        return False
+    raise OptionError(option, f"expected true or false, got {raw!r}")
 
 
 def _positive(o: Mapping[str, str], option: str) -> int | None:

@@ -140,7 +140,8 @@ def test_failures_exit_non_zero_with_one_line(cluster: Served, args: tuple[str, 
 
 def test_an_unreachable_name_server_is_one_line() -> None:
     assert fails(None, "topicList") == (
-        "evq: error: no name server reachable for topic list (tried 127.0.0.1:1)")
+        "evq: error: no name server reachable for topic list (tried 127.0.0.1:1: cannot "
+        "connect to 127.0.0.1:1: [Errno 111] Connection refused)")
 
 
 def test_bad_arguments_are_usage_errors() -> None:

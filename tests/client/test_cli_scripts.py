@@ -62,7 +62,8 @@ def test_an_unreachable_name_server_fails_at_once_with_one_line(
     started = time.monotonic()
     out = run_evq(*command, "-n", "127.0.0.1:1", "-t", "T", stdin=stdin, timeout=20)
     assert one_line_failure(out) == (
-        "evq: error: no name server reachable for topic 'T' (tried 127.0.0.1:1)")
+        "evq: error: no name server reachable for topic 'T' (tried 127.0.0.1:1: cannot "
+        "connect to 127.0.0.1:1: [Errno 111] Connection refused)")
     assert time.monotonic() - started < 10
 
 
