@@ -2,7 +2,8 @@
 a master and two workers as separate JVMs, whose executors and Python workers reach the evq
 cluster's name servers themselves.  A worker is killed in the middle of a streaming
 micro-batch; the query finishes on the other worker and goes on from its checkpoint with
-every message once.
+every message once.  Offline reads are run where the driver and the executors see different
+directories.
 
 The tests run in file order; the last one kills a worker.
 """
@@ -22,10 +23,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from tests.cluster import Cluster
+from tests.processes import running_evq, wait_registered
 from tests.spark.conftest import spark_session
 from tests.spark.standalone import Standalone, running_standalone
 from tests.spark.test_on_a_cluster import read_whole_and_write_to_both, spread_topic
-from tests.spark.test_spark_connector import produce
+from tests.spark.test_spark_connector import produce, read
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="a Spark standalone cluster needs Java 17 on PATH")
@@ -63,9 +65,40 @@ def spark(standalone: Standalone, tmp_path_factory: pytest.TempPathFactory
         yield session
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stopped broker's store directory holding 30 messages of SpOffline."""
+    data = tmp_path_factory.mktemp("offline") / "data"
+    with running_evq("--log-level", "warning", "serve", "--port", "0", "--namesrv-port", "0",
+                     "--data", str(data), servers=2) as running:
+        wait_registered(running.addresses["namesrv"], running.addresses["broker"])
+        produce(running.addresses["namesrv"], "SpOffline", 30)
+        assert running.stop() == 0
+    return data
+
+
 def test_executors_read_a_topic_of_both_groups_and_write_to_both(
         spark: SparkSession, cluster: Cluster) -> None:
     read_whole_and_write_to_both(spark, cluster)
+
+
+def test_an_offline_relative_path_is_the_driver_s_directory(
+        spark: SparkSession, store: Path) -> None:
+    """Each executor runs in a scratch directory of its own: a relative path read there named
+    nothing (the driver planned 30 messages, the tasks found no store)."""
+    rows = read(spark, path=os.path.relpath(store), topic="SpOffline")
+    assert sorted(int(bytes(r.body)) for r in rows) == list(range(30))
+
+
+def test_an_offline_read_executors_cannot_see_fails_saying_what_they_need(
+        spark: SparkSession, standalone: Standalone, store: Path) -> None:
+    if standalone.hidden is None:
+        pytest.skip("this kernel gives no mount namespace to hide a directory from executors")
+    hidden = standalone.hidden / "data"
+    shutil.copytree(store, hidden)  # the driver sees it; the workers see an empty tmpfs there
+    with pytest.raises(Exception, match="every machine that runs Spark tasks") as failed:
+        read(spark, path=str(hidden), topic="SpOffline")
+    assert f"no evq store directory at {hidden}" in str(failed.value)
 
 
 def caught_up(query: StreamingQuery) -> None:
