@@ -5,7 +5,7 @@ Python workers: a test on this cluster proves the connector from processes that 
 nothing with the driver but the network and the disk.
 
 A worker can be killed as if its machine died (itself, its executor and every Python worker
-below them, SIGKILL).  Where the kernel lets an unprivileged process have its own mount
+of its session, SIGKILL).  Where the kernel lets an unprivileged process have its own mount
 namespace, the workers run in one with :attr:`Standalone.hidden` covered by an empty tmpfs:
 a directory the driver reads and no executor sees, as on a cluster without shared storage.
 """
@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,25 +38,20 @@ WORKER_MEMORY = "640m"
 """Room for one executor of 512m (Spark refuses executors under 450m)."""
 MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 MASTER_UI = re.compile(r"MasterWebUI: Bound .* started at http://\S+?:(\d+)")
-PROPERTIES = "spark.master.rest.enabled false\nspark.worker.cleanup.enabled false\n"
+PROPERTIES = "spark.master.rest.enabled false\n"
 """The master's REST submission server would take the fixed port 6066."""
 HIDE = 'mount -t tmpfs evq-hidden "$0" && exec "$@"'
 
 
-def _ppid(pid: int) -> int | None:
+def _session_of(pid: int) -> int | None:
+    """The session of a running process (None once it is gone or only a zombie: a container's
+    first process may never reap the orphans of a killed worker)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[1])  # the name in (...) may hold spaces
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        pid = _ppid(pid) or 0
-    return False
+    state, _, _, session = stat.rpartition(")")[2].split()[:4]  # (the name may hold spaces)
+    return None if state == "Z" else int(session)
 
 
 @attrs.define(eq=False)
@@ -69,15 +65,17 @@ class Daemon:
     """A worker's work directory: its executors (and their Python workers) run in a
     directory below it, so a task's working directory says which worker ran it."""
 
-    def descendants(self) -> list[int]:
-        """Every live process below this one: a worker's executor JVM, the PySpark daemon
-        (which puts itself in a process group of its own) and its Python workers."""
-        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-        return [p for p in pids if p != self.proc.pid and descends_from(p, self.proc.pid)]
+    def session(self) -> list[int]:
+        """Every live process of this daemon's session: itself, a worker's executor JVM, the
+        PySpark daemon (which moves to a process group of its own, not out of the session)
+        and its Python workers, even once the worker is gone and they are orphans (the kernel
+        reuses no pid a live session is named by)."""
+        pids = (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
+        return [p for p in pids if _session_of(p) == self.proc.pid]
 
     def kill(self) -> None:
-        """SIGKILL this process and everything below it, as if its machine lost power."""
-        for pid in [*self.descendants(), self.proc.pid]:
+        """SIGKILL this process and everything it started, as if its machine lost power."""
+        for pid in self.session():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait()
@@ -118,6 +116,8 @@ def spark_env() -> dict[str, str]:
 
 def namespaces_allowed(probe: Path) -> bool:
     """Whether this kernel lets us mount a tmpfs in a user + mount namespace of our own."""
+    if shutil.which("unshare") is None:
+        return False
     probe.mkdir(exist_ok=True)
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                            HIDE, str(probe), "true"], capture_output=True, check=False)
@@ -137,14 +137,17 @@ def _start(cls: str, args: list[str], log: Path, *, hidden: Path | None = None,
     return Daemon(proc, log, work)
 
 
-def _wait(what: str, daemon: Daemon, ready: Callable[[], bool]) -> None:
+def _wait(what: str, daemons: list[Daemon], ready: Callable[[], bool]) -> None:
+    """Poll ``ready`` until the deadline; a daemon that exits meanwhile fails it at once."""
     deadline = time.monotonic() + START_WAIT_S
     while not ready():
-        if daemon.proc.poll() is not None:
-            raise RuntimeError(f"{what}: the process exited ({daemon.proc.returncode}):\n"
-                               f"{daemon.tail()}")
+        for daemon in daemons:
+            if daemon.proc.poll() is not None:
+                raise RuntimeError(f"waiting for {what}, {daemon.log.name} exited "
+                                   f"({daemon.proc.returncode}):\n{daemon.tail()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {START_WAIT_S:.0f} s:\n{daemon.tail()}")
+            raise AssertionError(f"no sign of {what} within {START_WAIT_S:.0f} s:\n"
+                                 + "\n".join(d.tail() for d in daemons))
         time.sleep(0.1)
 
 
@@ -171,7 +174,7 @@ def running_standalone(root: Path, workers: int = 2) -> Iterator[Standalone]:
                     found[key] = m[1]
             return len(found) == 2
 
-        _wait("the Spark master announces its address", master, announced)
+        _wait("the Spark master announcing its address", daemons, announced)
         for i in range(workers):
             work = root / f"worker-{i}"
             work.mkdir()
@@ -186,7 +189,7 @@ def running_standalone(root: Path, workers: int = 2) -> Iterator[Standalone]:
         def registered() -> bool:
             return cluster.state().get("aliveworkers") == workers
 
-        _wait(f"the Spark master lists {workers} workers ALIVE", master, registered)
+        _wait(f"the Spark master listing {workers} workers ALIVE", daemons, registered)
         yield cluster
     finally:
         for daemon in reversed(daemons):

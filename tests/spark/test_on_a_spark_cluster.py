@@ -166,6 +166,7 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_the_checkpoint_goes_on(
         victim = standalone.worker_of(marker.read_text())
         assert victim is not None, f"message {HELD} was not read under a worker"
         victim.kill()
+        assert victim.session() == [], "the worker's executor or Python workers outlived it"
         caught_up(query)  # the lost task runs again on the other worker
     finally:
         query.stop()
