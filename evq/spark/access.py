@@ -5,6 +5,12 @@ a time, and the messages of an offset range — so planning and reading do not c
 they talk to.  Live access uses evq's client (the name servers for topics and routes, pulls
 from the masters); offline access opens the store with its backend, as the broker would.
 
+Offline, every executor opens the store itself: the driver plans from the directory at
+``path`` and each task reads its slice from the directory at that same path wherever Spark
+runs it, so on a cluster every executor's machine must see the same store there (a shared
+filesystem).  A task that finds no store there, or one that ends before the offsets the driver
+planned, fails saying so instead of returning fewer rows.
+
 A store is one process's at a time (its lock).  Spark runs several tasks at once, so an
 offline task waits for the lock (``lockTimeoutSeconds``) instead of failing; a store a
 running broker holds is reported as such once that wait is over.
@@ -12,6 +18,8 @@ running broker holds is reported as such once that wait is over.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +143,18 @@ class LiveAccess:
         self._thread.stop()
 
 
+EVERY_EXECUTOR: Final = (
+    "an offline read opens the store in the driver to plan and in every executor to read, so "
+    "the same store must be readable at this path on every machine that runs Spark tasks (a "
+    "shared filesystem), or read the topic live with the 'namesrv' option")
+
+
+def _here() -> str:
+    """Where a message comes from: on a cluster, the driver and each executor are different
+    hosts and processes, and a path one of them sees another may not."""
+    return f"(as seen from {socket.gethostname()}, process {os.getpid()})"
+
+
 LOCK_WAIT_NOTICE_S: Final = 10.0
 """How often a read waiting for a locked store says so."""
 
@@ -144,8 +164,10 @@ class StoreAccess:
         from evq.backends.registry import open_log
 
         self.broker_name = broker_name
+        self.path = path
         if not Path(path).is_dir():
-            raise OptionError("path", f"no evq store directory at {path}")
+            raise OptionError("path", f"no evq store directory at {path} {_here()}; "
+                                      f"{EVERY_EXECUTOR}")
         started = time.monotonic()
         said = -LOCK_WAIT_NOTICE_S
         while True:
@@ -186,7 +208,9 @@ class StoreAccess:
                 if r.next_offset > offset:
                     offset = r.next_offset
                     continue
-                return
+                raise OSError(f"the store at {self.path} {_here()} holds {topic}:{qid} only "
+                              f"up to offset {offset}, but the read was planned up to {end}; "
+                              f"{EVERY_EXECUTOR}")
             for view, qo in zip(r.records, r.queue_offsets, strict=True):
                 if qo < end:
                     yield decode(view)

@@ -95,6 +95,7 @@ class BodyAs(enum.Enum):
 class SourceOptions:
     namesrv: str | None = None
     path: str | None = None
+    """A store directory, absolute: every executor opens the store at this same path."""
     backend: str = "mmap"
     broker_name: str = DEFAULT_BROKER_NAME
     topics: tuple[str, ...] = ()
@@ -196,7 +197,8 @@ def parse_source(options: Mapping[str, str], *, streaming: bool) -> SourceOption
     if streaming and "endingoffsets" in o:
         raise OptionError("endingOffsets", "a stream has no end; use it with spark.read")
     return SourceOptions(
-        namesrv=namesrv, path=path, backend=backend,
+        # the driver's working directory: an executor's is its own scratch directory
+        namesrv=namesrv, path=None if path is None else os.path.abspath(path), backend=backend,
         broker_name=o.get("brokername", DEFAULT_BROKER_NAME), topics=topics,
         topic_pattern=pattern, starting=starting, ending=ending, expression=expression,
         expression_type=expression_type, body_as=body_as, body_schema=body_schema,

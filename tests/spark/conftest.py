@@ -1,8 +1,9 @@
 """One local[2] Spark session per test module, running the project's Python in its workers,
-and a real ``evq serve`` for the live tests."""
+a real ``evq serve`` for the live tests, and a two-group evq cluster for the cluster tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -16,28 +17,41 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 import evq.spark  # noqa: E402
 from tests.client.conftest import Served  # noqa: E402
+from tests.cluster import Cluster, running_cluster  # noqa: E402
 from tests.processes import running_evq, wait_registered  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    """Spark's workers are new Python processes: they run this interpreter with this checkout
-    first on their path (the environment is put back once the module is done)."""
+@contextlib.contextmanager
+def spark_session(master: str, local_dir: Path, **conf: str) -> Iterator[SparkSession]:
+    """A session on ``master`` with the ``evq`` format registered.  Spark's workers are new
+    Python processes: they run this interpreter with this checkout first on their path (the
+    environment is put back once the session is stopped)."""
     path = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PYSPARK_PYTHON", sys.executable)
         env.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
         env.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
-        session = (SparkSession.builder.master("local[2]").appName("evq-tests")
+        builder = (SparkSession.builder.master(master).appName("evq-tests")
                    .config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", "2")
-                   .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-                   .config("spark.driver.memory", "1g")
-                   .getOrCreate())
+                   .config("spark.local.dir", str(local_dir))
+                   .config("spark.driver.memory", "1g"))
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
         evq.spark.register(session)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One local[2] session per test module."""
+    with spark_session("local[2]", tmp_path_factory.mktemp("spark-local")) as session:
         yield session
-        session.stop()
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +64,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         wait_registered(served.namesrv, served.broker)
         yield served
         assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two name servers and two master/slave broker groups (tests/cluster.py)."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        yield c

@@ -3,28 +3,30 @@ every queue of both groups is read, and rows written land on both."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from pyspark.sql import SparkSession
 
-from tests.cluster import GROUPS, Cluster, running_cluster
+from tests.cluster import GROUPS, Cluster
 from tests.processes import run_evq
 from tests.spark.test_spark_connector import produce, read
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster")) as c:
-        yield c
+def spread_topic(cluster: Cluster, topic: str) -> None:
+    """Create ``topic`` with two queues on each broker group."""
+    out = run_evq("admin", "updateTopic", "-n", cluster.namesrv, "-t", topic,
+                  "-c", "DefaultCluster", "-r", "2", "-w", "2")
+    assert out.returncode == 0, out.stderr
 
 
 def test_a_topic_spread_over_both_groups_is_read_whole_and_written_to_both(
         spark: SparkSession, cluster: Cluster) -> None:
+    read_whole_and_write_to_both(spark, cluster)
+
+
+def read_whole_and_write_to_both(spark: SparkSession, cluster: Cluster) -> None:
+    """Read a topic of both groups, write one to both (test_on_a_spark_cluster.py runs this on
+    the executors of a standalone Spark cluster)."""
     for topic in ("SpCluster", "SpClusterOut"):
-        out = run_evq("admin", "updateTopic", "-n", cluster.namesrv, "-t", topic,
-                      "-c", "DefaultCluster", "-r", "2", "-w", "2")
-        assert out.returncode == 0, out.stderr
+        spread_topic(cluster, topic)
     keys = produce(cluster.namesrv, "SpCluster", 40)
     rows = read(spark, namesrv=cluster.namesrv, topic="SpCluster")
     assert sorted(r.uniqKey for r in rows) == sorted(keys)

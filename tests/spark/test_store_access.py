@@ -1,4 +1,5 @@
-"""Offline reads of a store directory: a store a broker still holds is waited for aloud."""
+"""Offline reads of a store directory: a store a broker still holds is waited for aloud, and
+one that does not hold what the driver planned fails the read."""
 
 from __future__ import annotations
 
@@ -24,3 +25,16 @@ def test_a_locked_store_is_waited_for_aloud_then_refused(tmp_path: Path,
     notices = [e for e in logs if e["event"] == "waiting for a locked store"]
     assert len(notices) >= 2  # at once, then again while it goes on
     assert notices[0]["path"] == str(tmp_path / "store") and notices[0]["waited_s"] == 0
+
+
+def test_a_store_that_ends_before_the_planned_offsets_fails_the_read(tmp_path: Path) -> None:
+    """An executor that opens another store than the driver planned from (an empty directory
+    at the same path on its machine) once returned no rows and no error."""
+    open_log("mmap", tmp_path / "store", background=False).close()
+    store = StoreAccess(str(tmp_path / "store"), "mmap", "broker-a", lock_wait_s=1)
+    try:
+        with pytest.raises(OSError, match=r"holds T:0 only up to offset 0, but the read was "
+                                          r"planned up to 5; .* every machine"):
+            list(store.read(("T", "broker-a", 0), 0, 5))
+    finally:
+        store.close()
