@@ -33,6 +33,7 @@ from tests.processes import REPO_ROOT
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 START_WAIT_S = 90.0
 """JVMs start slowly on two shared cores; a healthy cluster is up in a few seconds."""
+KILL_WAIT_S = 30.0
 DAEMON_MEMORY = "256m"
 WORKER_MEMORY = "640m"
 """Room for one executor of 512m (Spark refuses executors under 450m)."""
@@ -74,10 +75,18 @@ class Daemon:
         return [p for p in pids if _session_of(p) == self.proc.pid]
 
     def kill(self) -> None:
-        """SIGKILL this process and everything it started, as if its machine lost power."""
-        for pid in self.session():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """SIGKILL this process and everything it started, as if its machine lost power, and
+        return once none of them runs: a process is still listed while it dies, and one may
+        fork between the listing and the kill, so the session is swept until it is empty."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        while alive := self.session():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.log.stem}: {alive} outlived SIGKILL for "
+                                     f"{KILL_WAIT_S:.0f} s")
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)  # the kernel's teardown of what was just killed
         self.proc.wait()
 
     def tail(self) -> str:

@@ -59,9 +59,10 @@ def spark(standalone: Standalone, tmp_path_factory: pytest.TempPathFactory
                        **{"spark.executor.memory": "512m", "spark.executor.cores": "1",
                           "spark.cores.max": "2", "spark.driver.host": "127.0.0.1",
                           "spark.driver.bindAddress": "127.0.0.1"}) as session:
-        executors = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
-        wait_for("both executors to register with the driver",
-                 lambda: executors.size() == 3)  # the driver's block manager is the third
+        assert session.sparkContext.master == standalone.url, session.sparkContext.master
+        context = session.sparkContext._jsc.sc()
+        wait_for("both executors to register with the driver",  # a snapshot per call:
+                 lambda: context.getExecutorMemoryStatus().size() == 3)  # + the driver's
         yield session
 
 
