@@ -35,7 +35,9 @@ from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
 
 README = REPO_ROOT / "README.md"
 NOT_RUN = re.compile(r"<!-- not run by tests/test_readme\.py: (?P<why>[^>]+) -->\n*$")
-SERVERS = re.compile(r"<!-- run by tests/test_readme\.py as servers: [^>]+ -->\n*$")
+SERVERS = re.compile(r"<!-- run by tests/test_readme\.py as servers(?:, clients with "
+                     r"(?P<env>[^:>]+))?: [^>]+ -->\n*$")
+WITH_SERVERS = re.compile(r"<!-- run by tests/test_readme\.py with the servers above -->\n*$")
 SPARK = re.compile(r"<!-- run by tests/test_readme\.py in the Spark test(?P<stopped>, once the "
                    r"broker has stopped)?[^>]*-->\n*$")
 FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```$", re.S | re.M)
@@ -52,6 +54,9 @@ class Block:
     servers: bool = False
     spark: bool = False
     after_stop: bool = False
+    with_servers: bool = False
+    clients_env: dict[str, str] = attrs.field(factory=dict)
+    """For servers: what a client of theirs needs (credentials, a CA file)."""
 
 
 def blocks() -> list[Block]:
@@ -61,9 +66,13 @@ def blocks() -> list[Block]:
         before = text[: m.start()]
         skip = NOT_RUN.search(before)
         spark = SPARK.search(before)
+        servers = SERVERS.search(before)
+        env = dict(pair.split("=", 1) for pair in (servers["env"] or "").split()) \
+            if servers else {}
         found.append(Block(text.count("\n", 0, m.start()) + 1, m["lang"], m["body"],
-                           skip["why"] if skip else None, SERVERS.search(before) is not None,
-                           spark is not None, bool(spark and spark["stopped"])))
+                           skip["why"] if skip else None, servers is not None,
+                           spark is not None, bool(spark and spark["stopped"]),
+                           WITH_SERVERS.search(before) is not None, env))
     return found
 
 
@@ -99,7 +108,9 @@ def run_block(block: Block, work: Path) -> str:
 
 def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     """Every block, in order, from a fresh directory, against ``evq serve`` on the README's
-    ports (9876, 10911) with its data in ``./evq-data`` there; the Spark blocks last."""
+    ports (9876, 10911) with its data in ``./evq-data`` there; then, that server stopped, the
+    blocks that read its store and each block of servers with the client blocks that follow
+    it.  The Spark blocks run last of those against the first server."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "examples").symlink_to(REPO_ROOT / "examples")  # `python examples/...` as written
@@ -108,15 +119,19 @@ def test_the_readme_runs_as_written(tmp_path: Path) -> None:
     with running_evq("--log-level", "warning", "serve", "--data", str(work / "evq-data"),
                      servers=2) as evq:
         wait_registered(evq.addresses["namesrv"], evq.addresses["broker"])
-        for block in [b for b in RUNNABLE if b.not_run is None and not b.servers and not b.spark]:
-            run_block(block, work)
+        for block in RUNNABLE:
+            if not (block.not_run or block.servers or block.spark or block.with_servers):
+                run_block(block, work)
         for block in [b for b in SPARK_BLOCKS if spark and not b.after_stop]:
             printed[block.line] = run_block(block, work)
         assert evq.stop() == 0
+    for block in [b for b in SPARK_BLOCKS if spark and b.after_stop]:
+        printed[block.line] = run_block(block, work)
+    assert SERVER_BLOCKS, "the README's server blocks are no longer marked"
+    for servers, clients in SERVER_BLOCKS:
+        run_servers(servers, clients, work)
     if not spark:
         pytest.skip("the README's Spark blocks need the 'spark' extra; the others passed")
-    for block in [b for b in SPARK_BLOCKS if b.after_stop]:
-        printed[block.line] = run_block(block, work)
     _check_the_spark_pipeline(printed)
 
 
@@ -134,45 +149,58 @@ def _check_the_spark_pipeline(printed: dict[int, str]) -> None:
     assert sum(int(row[1]) for row in report) == 1000, text[-2000:]
 
 
-SERVER_BLOCKS = [b for b in RUNNABLE if b.servers]
+def _server_blocks() -> list[tuple[Block, list[Block]]]:
+    """Each block of servers with the client blocks after it (up to the next servers)."""
+    found: list[tuple[Block, list[Block]]] = []
+    for block in RUNNABLE:
+        if block.servers:
+            found.append((block, []))
+        elif block.with_servers:
+            assert found, f"README line {block.line}: 'with the servers above', but none are"
+            found[-1][1].append(block)
+    return found
+
+
+SERVER_BLOCKS = _server_blocks()
 SPARK_BLOCKS = [b for b in RUNNABLE if b.spark]
 LISTENING = re.compile(r"evq (namesrv|broker) listening on ")
 LISTEN_WAIT_S = 60.0
 
 
-def test_server_blocks_run_as_written(tmp_path: Path) -> None:
+def run_servers(block: Block, clients: list[Block], work: Path) -> None:
     """Each line of a server block in a process of its own, as a user runs it in terminals;
-    then a message sent through them is consumed, and each stops cleanly on SIGTERM."""
-    assert SERVER_BLOCKS, "the HA section's servers are no longer marked"
+    a message sent through them is consumed (by a client with the block's ``clients with``
+    environment), the client blocks after it run, and each server stops cleanly on SIGTERM."""
     env = venv_env()
-    for block in SERVER_BLOCKS:
-        lines = [x for x in block.body.replace("\\\n", " ").splitlines() if x.strip()]
-        with contextlib.ExitStack() as stack:
-            procs = []
-            for line in lines:
-                proc = stack.enter_context(subprocess.Popen(
-                    ["bash", "-c", f"exec {line}"], cwd=tmp_path, env=env, text=True,
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
-                stack.callback(lambda p=proc: p.poll() is None and p.kill())
-                procs.append(proc)
-                assert proc.stdout is not None
-                seen = threading.Event()
-                threading.Thread(target=lambda s=proc.stdout, e=seen: _wait_listening(s, e),
-                                 daemon=True).start()
-                assert seen.wait(LISTEN_WAIT_S), (
-                    f"README line {block.line}: {line!r} never listened")
-            sent = subprocess.run(["bash", "-c", "echo through-ha | evq produce -t ha-readme"],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=BLOCK_TIMEOUT_S, check=False)
-            assert sent.returncode == 0 and '"SEND_OK"' in sent.stdout, sent.stderr
-            got = subprocess.run(["bash", "-c", "evq consume -t ha-readme -g readme "
-                                  "--from-beginning --count 1"], cwd=tmp_path, env=env,
-                                 capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
-                                 check=False)
-            assert got.stdout == "through-ha\n", got.stderr
-            for proc in reversed(procs):
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(30) == 0
+    lines = [x for x in block.body.replace("\\\n", " ").splitlines() if x.strip()]
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for line in lines:
+            proc = stack.enter_context(subprocess.Popen(
+                ["bash", "-c", f"exec env {line}"], cwd=work, env=env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+            stack.callback(lambda p=proc: p.poll() is None and p.kill())
+            procs.append(proc)
+            assert proc.stdout is not None
+            seen = threading.Event()
+            threading.Thread(target=lambda s=proc.stdout, e=seen: _wait_listening(s, e),
+                             daemon=True).start()
+            assert seen.wait(LISTEN_WAIT_S), f"README line {block.line}: {line!r} never listened"
+        client_env = {**env, **block.clients_env}
+        sent = subprocess.run(["bash", "-c", "echo through-servers | evq produce -t orders"],
+                              cwd=work, env=client_env, capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S, check=False)
+        assert sent.returncode == 0 and '"SEND_OK"' in sent.stdout, (block.line, sent.stderr)
+        got = subprocess.run(["bash", "-c", "evq consume -t orders -g readme "
+                              "--from-beginning --count 1"], cwd=work, env=client_env,
+                             capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
+                             check=False)
+        assert got.stdout == "through-servers\n", (block.line, got.stderr)
+        for client in clients:
+            run_block(client, work)
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0, f"README line {block.line}: a server did not stop"
 
 
 def _wait_listening(stream: IO[str], seen: threading.Event) -> None:
