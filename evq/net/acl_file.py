@@ -19,8 +19,10 @@ from typing import Final
 
 from evq import logs
 from evq.acl.accounts import AclConfig, AclFileError, parse_acl
-from evq.acl.verifier import Decision, verify
+from evq.acl.signature import ACCESS_KEY
+from evq.acl.verifier import Decision, Deny, verify
 from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection
 
 log = logs.get_logger(__name__)
 
@@ -107,3 +109,32 @@ async def decide(config: AclConfig, peer: str, cmd: RemotingCommand) -> Decision
     loop when its body is big."""
     args = (config, peer_ip(peer), cmd.code, cmd.ext_fields, cmd.body)
     return await asyncio.to_thread(verify, *args) if len(cmd.body) > BIG_BODY else verify(*args)
+
+
+class RefusalLog:
+    """Logs refused requests, a bounded number per connection: a client that retries a
+    forbidden request in a loop gets its first :data:`LOGGED_PER_CONNECTION` refusals logged,
+    then one line with the total when it disconnects, never a line a request (which would let
+    any client fill the server's disk).  Runs on the event loop, which owns the counts."""
+
+    LOGGED_PER_CONNECTION: Final = 10
+
+    def __init__(self, event: str) -> None:
+        self._event = event
+        self._counts: dict[int, int] = {}
+
+    def refused(self, conn: Connection, cmd: RemotingCommand, decision: Deny) -> None:
+        count = self._counts.get(conn.id, 0) + 1
+        if count == 1:
+            conn.add_close_callback(self._closed)
+        self._counts[conn.id] = count
+        if count <= self.LOGGED_PER_CONNECTION:
+            log.warning(self._event, peer=conn.peer, code=cmd.code,
+                        access_key=cmd.ext_fields.get(ACCESS_KEY), reason=decision.reason,
+                        refusals=count)
+
+    def _closed(self, conn: Connection) -> None:
+        count = self._counts.pop(conn.id, 0)
+        if count > self.LOGGED_PER_CONNECTION:
+            log.warning(f"{self._event}_total", peer=conn.peer, refusals=count,
+                        logged=self.LOGGED_PER_CONNECTION)

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Final
 
 from evq import logs
-from evq.acl.signature import ACCESS_KEY
 from evq.acl.verifier import Deny
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
-from evq.net.acl_file import AclFile, decide
+from evq.net.acl_file import AclFile, RefusalLog, decide
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
@@ -90,6 +89,7 @@ class NameServer:
         """The accounts whose admins may write here, once started; None leaves writes open
         (RocketMQ)."""
         self._watcher: asyncio.Task[None] | None = None
+        self._refusals = RefusalLog("namesrv_write_refused")
         self._clock = clock
         self._scan_interval = scan_interval
         self._first_scan_delay = first_scan_delay
@@ -174,8 +174,7 @@ class NameServer:
             assert self.acl is not None  # loaded before the server listens
             decision = await decide(self.acl.config, conn.peer, cmd)
             if isinstance(decision, Deny):
-                log.warning("namesrv_write_refused", peer=conn.peer, code=cmd.code,
-                            access_key=cmd.ext_fields.get(ACCESS_KEY), reason=decision.reason)
+                self._refusals.refused(conn, cmd, decision)
                 raise BrokerError(ResponseCode.NO_PERMISSION, decision.reason)
             return await handler(conn, cmd)
 

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from evq.acl.signature import Credentials
 from evq.domain.codes import ResponseCode
+from evq.net.acl_file import RefusalLog
 from evq.net.codes import RequestCode
 from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand
@@ -149,3 +151,23 @@ def test_every_name_server_write_is_an_admin_code() -> None:
     from evq.net.namesrv import WRITE_CODES
 
     assert WRITE_CODES <= ADMIN_CODES
+
+
+async def test_a_client_refused_in_a_loop_costs_ten_log_lines_and_a_total(tmp_path: Path
+                                                                         ) -> None:
+    """Refusals are logged a bounded number of times per connection, then once as a total
+    when it closes: a client retrying a forbidden request cannot fill the server's disk."""
+    limit = RefusalLog.LOGGED_PER_CONNECTION
+    async with protected(tmp_path) as (server, _acl):
+        with capture_logs() as logs:
+            async with client(server, None) as c:
+                for _ in range(5 * limit):
+                    answer = await ask(c, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "T"})
+                    assert answer.code == ResponseCode.NO_PERMISSION
+            async with asyncio.timeout(TIMEOUT):
+                while not any(e["event"] == "namesrv_write_refused_total" for e in logs):
+                    await asyncio.sleep(0.01)  # the server sees the close
+    each = [e for e in logs if e["event"] == "namesrv_write_refused"]
+    total = [e for e in logs if e["event"] == "namesrv_write_refused_total"]
+    assert [e["refusals"] for e in each] == list(range(1, limit + 1))
+    assert [(e["refusals"], e["logged"]) for e in total] == [(5 * limit, limit)]

@@ -8,23 +8,20 @@ asks for the permission code, which stock clients report the same way).
 
 from __future__ import annotations
 
-from evq import logs
 from evq.acl.verifier import Deny
 from evq.domain.codes import ResponseCode
-from evq.net.acl_file import AclFile, decide
+from evq.net.acl_file import AclFile, RefusalLog, decide
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 
-log = logs.get_logger(__name__)
 
-
-def acl_checked(handler: Handler, acl: AclFile) -> Handler:
+def acl_checked(handler: Handler, acl: AclFile, refusals: RefusalLog) -> Handler:
     """``handler`` behind the ACL: it runs only for requests the accounts allow."""
 
     async def checked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
         decision = await decide(acl.config, conn.peer, cmd)
         if isinstance(decision, Deny):
-            log.info("acl_refused", peer=conn.peer, code=cmd.code, reason=decision.reason)
+            refusals.refused(conn, cmd, decision)
             return cmd.response(ResponseCode.NO_PERMISSION, decision.reason)
         return await handler(conn, cmd)
 

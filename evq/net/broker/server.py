@@ -32,7 +32,7 @@ from evq.domain.record import encode, offset_msg_id
 from evq.embedded import Broker as Engine
 from evq.ha.master import HAMaster
 from evq.ha.slave import HASlave
-from evq.net.acl_file import AclFile
+from evq.net.acl_file import AclFile, RefusalLog
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.acl import acl_checked
 from evq.net.broker.context import BrokerContext
@@ -161,11 +161,12 @@ class BrokerServer:
         ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
                             durable=durable, stats=BrokerStats(boot_ms=self._clock.now_ms()))
         engine.transactions.port = CheckBack(ctx)
+        refusals = RefusalLog("acl_refused")
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
                 checked = names_checked(handler)
-                self._dispatcher.register(
-                    code, acl_checked(checked, self.acl) if self.acl is not None else checked)
+                self._dispatcher.register(code, checked if self.acl is None
+                                          else acl_checked(checked, self.acl, refusals))
         self.ctx = ctx
         if self.acl is not None:
             self._tasks.append(loop.create_task(self.acl.watch()))
