@@ -13,10 +13,15 @@ failure is one line, so a chaos test can tell exactly what was acknowledged.
 
 With ``STOCK_ACCESS_KEY`` and ``STOCK_SECRET_KEY`` in the environment, every client signs its
 requests (``set_session_credentials``, channel ALIYUN), as an application on an ACL cluster.
+
+A consumer says ``{"shutting_down": true}`` before it shuts its client down, and a crash of the
+C++ library prints every thread's Python stack to stderr (:mod:`faulthandler`), so a test can
+tell a crash in the library's own teardown from one while it talks to the broker.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -185,6 +190,7 @@ def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fai
     consumer.start()
     emit({"started": True})
     time.sleep(seconds)
+    emit({"shutting_down": True})
     consumer.shutdown()
 
 
@@ -216,4 +222,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()
     main(sys.argv[1:])

@@ -17,6 +17,9 @@ from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
 
 ACCOUNTS = """\
 accounts:
+  - accessKey: evq-broker
+    secretKey: evq-broker-secret
+    admin: true
   - accessKey: cppclient
     secretKey: cpp-client-secret
     defaultTopicPerm: DENY
@@ -35,6 +38,7 @@ def acl_served(tmp_path: Path) -> Iterator[Served]:
     with (tmp_path / "serve.log").open("w") as log, running_evq(
             "--log-level", "info", "serve", "--port", "0", "--namesrv-port", "0",
             "--data", str(tmp_path / "data"), "--acl", "--acl-file", str(acl_file),
+            "--access-key", "evq-broker", "--secret-key", "evq-broker-secret",
             servers=2, stderr=log) as running:
         wait_registered(running.addresses["namesrv"], running.addresses["broker"])
         yield Served(running.addresses["namesrv"], running.addresses["broker"], running.proc)
