@@ -135,3 +135,22 @@ def touch(path: Path) -> None:
     run that was killed may never have reached the disk."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
     sync_path(path.parent)
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Make ``data`` the whole content of ``path``: after a crash or a power cut the file holds
+    the old content or the new, never a mix and never nothing.  The new content goes to a
+    temporary file beside it, which is fsync'd, renamed over ``path``, and the directory
+    fsync'd for the rename; blocking, so callers on an event loop run it in a thread."""
+    make_dirs(path.parent)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    sync_path(path.parent)

@@ -5,11 +5,15 @@ deferred syncs treat files that changed meanwhile."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from evq import durable_fs
+from tests.backends.test_power_loss import _strace
+from tests.processes import REPO_ROOT, python_env
 
 
 def test_make_dirs_creates_the_missing_directories_and_accepts_existing_ones(
@@ -77,3 +81,32 @@ def test_touch_creates_a_marker_once_and_keeps_an_existing_one(tmp_path: Path) -
     marker.write_bytes(b"x")
     durable_fs.touch(marker)
     assert marker.read_bytes() == b"x"
+
+
+def test_replace_durably_leaves_the_new_content_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "offsets.json"
+    durable_fs.replace_durably(path, b"old")
+    durable_fs.replace_durably(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["offsets.json"]
+
+
+def test_replace_durably_syncs_the_new_file_before_the_rename_and_the_directory_after(
+        tmp_path: Path) -> None:
+    """The order that makes a power cut leave the old content or the new: data synced, then
+    renamed over the old file, then the rename itself synced (the directory)."""
+    strace = _strace()
+    path = tmp_path / "offsets.json"
+    program = ("from pathlib import Path; from evq.durable_fs import replace_durably; "
+               f"replace_durably(Path({str(path)!r}), b'x' * 10)")
+    out = subprocess.run([strace, "-f", "-qq", "-y", "-e", "trace=openat,fsync,rename",
+                          sys.executable, "-c", program], capture_output=True, text=True,
+                         cwd=REPO_ROOT, env=python_env(), timeout=60, check=True)
+    calls = [line for line in out.stderr.splitlines() if str(tmp_path) in line]
+    synced_tmp = next(i for i, line in enumerate(calls)
+                      if line.startswith("fsync") and "offsets.json.tmp" in line)
+    renamed = next(i for i, line in enumerate(calls) if line.startswith("rename"))
+    synced_dir = max(i for i, line in enumerate(calls)
+                     if line.startswith("fsync") and line.rstrip().endswith(f"<{tmp_path}>)"
+                                                                           " = 0"))
+    assert synced_tmp < renamed < synced_dir, calls

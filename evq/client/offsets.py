@@ -2,16 +2,17 @@
 
 Clustering groups keep it on the broker (QUERY_CONSUMER_OFFSET / UPDATE_CONSUMER_OFFSET): any
 member can take a queue over where another left it.  Broadcasting consumers each read every
-message, so each keeps its own progress in a local JSON file, written whole to a temporary file
-and renamed so that a crash leaves the old or the new table, never half of one::
+message, so each keeps its own progress in a local JSON file, replaced whole and durably
+(:func:`evq.durable_fs.replace_durably`, in a worker thread: it waits for the disk) so that a
+crash or a power cut leaves the old or the new table, never half of one or none::
 
     {"offsetTable": {"<topic>@<brokerName>@<queueId>": <next offset>, ...}}
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,7 @@ from evq.client.errors import BrokerRefused, ClientError
 from evq.client.routes import BrokerPool
 from evq.domain.codes import ResponseCode
 from evq.domain.queues import MessageQueue
+from evq.durable_fs import replace_durably
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import HeaderFieldError, RemotingCommand
@@ -137,6 +139,7 @@ class LocalOffsets(OffsetTable):
         super().__init__()
         self.path = path
         self._saved: dict[str, int] = {}
+        self._writing = asyncio.Lock()  # one write at a time: they share the temporary file
         if path.exists():
             try:
                 self._saved = {str(k): int(v) for k, v in
@@ -151,10 +154,9 @@ class LocalOffsets(OffsetTable):
         for queue in queues:
             if (offset := self.offsets.get(queue)) is not None:
                 self._saved[queue_key(queue)] = offset
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"offsetTable": self._saved}, sort_keys=True))
-        os.replace(tmp, self.path)
+        text = json.dumps({"offsetTable": self._saved}, sort_keys=True)
+        async with self._writing:
+            await asyncio.to_thread(replace_durably, self.path, text.encode())
 
 
 async def _queue_offset(pool: BrokerPool, addr: str, code: RequestCode, queue: MessageQueue,
