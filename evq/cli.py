@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -698,6 +699,59 @@ def _cmd_consume(args: argparse.Namespace) -> int:
         json=args.json, wait_for_topic=args.wait_for_topic, security=client_security(args)))
 
 
+# --- evq bench recovery ---------------------------------------------------------------------
+
+
+def _byte_sizes(text: str) -> tuple[int, ...]:
+    """``1GiB,10GiB`` (or MiB, KiB, plain bytes) as byte counts."""
+    units = {"gib": 1024**3, "mib": 1024**2, "kib": 1024, "": 1}
+    sizes = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*([kmg]ib|)\s*", part, re.I)
+        if m is None or int(m[1]) <= 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a size like 1GiB or 512MiB")
+        sizes.append(int(m[1]) * units[m[2].lower()])
+    return tuple(sizes)
+
+
+def _add_bench_recovery(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "recovery", help="recovery time after SIGKILL by log size (flat is the goal)",
+        description="For each size, a child fills a fresh store to it, checkpoints, writes a "
+                    "fixed tail and is SIGKILLed; the reopen is timed.")
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--sizes", type=_byte_sizes, default=(1024**3, 10 * 1024**3),
+                   help="log sizes, comma-separated (default: 1GiB,10GiB)")
+    p.add_argument("--tail", type=_byte_sizes, default=(64 * 1024**2,),
+                   help="bytes written after the checkpoint (default: 64MiB)")
+    p.add_argument("--size", type=_positive_int, default=1024,
+                   help="body bytes per record (default: 1024)")
+    p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
+                   help="CommitLog segment size (default: the store's, 1 GiB)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the stores (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_recovery, log_level_default="warning")
+
+
+def _cmd_bench_recovery(args: argparse.Namespace) -> int:
+    from evq.bench.recovery import RecoveryOptions, as_dict, format_report, run_recovery_bench
+
+    try:
+        opts = RecoveryOptions(backend=args.backend, sizes=args.sizes, tail=args.tail[0],
+                               size=args.size, segment_size=args.segment_size, data=args.data)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"evq bench recovery: {len(opts.sizes)} crashes, the largest log "
+          f"{max(opts.sizes) / 1024**3:.2f} GiB (a child writes each; this takes a while)",
+          file=sys.stderr, flush=True)
+    figures = run_recovery_bench(opts)
+    print(json.dumps(as_dict(opts, figures)) if args.json else format_report(opts, figures),
+          end="\n" if args.json else "")
+    return 0
+
+
 # --- the parser and the entry point ---------------------------------------------------------
 
 
@@ -708,6 +762,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_backends(benches)
     _add_bench_net(benches)
     _add_bench_ha(benches)
+    _add_bench_recovery(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -204,3 +204,18 @@ def test_bench_backends_without_matplotlib_writes_the_table_and_says_why(tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["backends.md"]
     assert "no charts: they need matplotlib (pip install -e '.[bench]')" in proc.stderr
+
+
+def test_bench_recovery_times_a_crash_per_size(tmp_path: Path) -> None:
+    proc = _evq("bench", "recovery", "--sizes", "2MiB,8MiB", "--tail", "256KiB",
+                "--segment-size", "1048576", "--size", "200", "--data", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    runs = result["runs"]
+    tail = 256 << 10
+    for run, size in zip(runs, (2 << 20, 8 << 20), strict=True):
+        # the size, the tail past the checkpoint, at most a segment's filler and a batch more
+        assert size + tail <= run["log_bytes"] < size + tail + (1 << 20) + 32 * 400, run
+        assert run["seconds"] > 0
+    assert result["ratio_largest_to_smallest"] == runs[1]["seconds"] / runs[0]["seconds"]
+    assert list(tmp_path.iterdir()) == []  # the scratch stores are gone
