@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,16 +69,25 @@ def running_evq(*args: str, servers: int, stderr: IO[str] | int = subprocess.DEV
     """Start ``evq <args>`` and wait until it has printed ``servers`` "listening on" lines;
     kills whatever is still running on the way out (a test that wants a clean stop calls
     :meth:`Running.stop` itself)."""
-    proc = subprocess.Popen([*EVQ, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            cwd=REPO_ROOT, env=python_env())
-    assert proc.stdout is not None
-    with proc:
+    with contextlib.ExitStack() as stack:
+        # Where stderr is not wanted it is still kept, for the error of a server that could
+        # not start (a port in use, a bad flag) to say why.
+        early = (stack.enter_context(tempfile.TemporaryFile("w+"))
+                 if stderr == subprocess.DEVNULL else None)
+        proc = stack.enter_context(subprocess.Popen(
+            [*EVQ, *args], stdout=subprocess.PIPE, stderr=early or stderr, text=True,
+            cwd=REPO_ROOT, env=python_env()))
+        assert proc.stdout is not None
         try:
             addresses: dict[str, str] = {}
             while len(addresses) < servers:
                 line = proc.stdout.readline()
                 if not line:
-                    raise RuntimeError(f"evq {' '.join(args)} exited before listening")
+                    why = ""
+                    if early is not None:
+                        early.seek(0)
+                        why = ": " + early.read()[-2000:]
+                    raise RuntimeError(f"evq {' '.join(args)} exited before listening{why}")
                 if m := LISTENING.search(line):
                     addresses[m[1]] = m[2]
             yield Running(proc, addresses)

@@ -43,14 +43,25 @@ def test_clustering_group_splits_queues_and_delivers_each_message_once(served: S
     stock("produce", served.namesrv, "T_cl", "sync", "40")
     got = [_consumed(collect(p)) for p in members]
     seqs = sorted(int(m["seq"]) for lines in got for m in lines)  # type: ignore[call-overload]
-    assert seqs.count(0) >= 1 and sorted(set(seqs)) == list(range(40)), seqs
-    assert len(seqs) - len(set(seqs)) <= 1  # the first message may be seen before the split
+    assert sorted(set(seqs)) == list(range(40)), seqs
     assert all(lines for lines in got), "both members consumed"
-    # the topic-creating message sits alone at offset 0 of its queue and may have been taken
-    # by whichever member joined first, before the split; every queue still holds later ones
-    queues = [{m["queue"] for m in lines if m["offset"] != 0} for lines in got]
-    every = {m["queue"] for lines in got for m in lines}
-    assert not queues[0] & queues[1] and queues[0] | queues[1] == every, queues
+    # Who consumed each queue.  On a loaded machine the second member's rebalance can come
+    # late: the first member then hands some queues over after consuming from them, and what
+    # it had not committed is delivered again (at least once).  So a queue may have had two
+    # consumers, but only one hand-over's worth: at most half the queues, never all, and a
+    # message is never delivered twice to the same member.
+    owners: dict[object, set[int]] = {}
+    for member, lines in enumerate(got):
+        for m in lines:
+            owners.setdefault(m["queue"], set()).add(member)
+    handed_over = {q for q, who in owners.items() if len(who) > 1}
+    assert len(handed_over) <= len(owners) // 2, owners
+    for lines in got:
+        mine = [(m["queue"], m["offset"]) for m in lines]
+        assert len(mine) == len(set(mine)), "a member got a message twice"
+    # the topic-creating message (seq 0, alone at offset 0) may be taken before the split
+    assert len(seqs) - len(set(seqs)) <= 1 + sum(
+        1 for lines in got for m in lines if m["queue"] in handed_over), seqs
 
 
 def test_broadcasting_members_each_get_everything(served: Served) -> None:
