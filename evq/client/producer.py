@@ -29,7 +29,7 @@ from evq import logs
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
-from evq.client.routes import REFRESH_S, BrokerPool, Routes
+from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
 from evq.client.supervision import SupervisionPolicy, Supervisor, periodic
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
@@ -130,6 +130,9 @@ class Producer:
         self._supervisor: Supervisor | None = None
         """Runs heartbeats and route refresh; sends raise once either failed for good."""
         self._greeted: set[str] = set()
+        self._publish: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
+        """Each topic's publish queues, worked out once per route (a refresh replaces the
+        route object, and the queues are worked out again on the next send)."""
 
     def handlers(self) -> Mapping[int, Handler]:
         """Requests brokers send this producer; :class:`TransactionProducer` answers
@@ -216,8 +219,19 @@ class Producer:
         self._greeted.clear()
 
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
+        return list((await self._publishing(topic))[1])
+
+    async def _publishing(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]]:
+        """The topic's route and its publish queues; no await and no sorting on a send once
+        the route is cached."""
         routes, _ = self._started()
-        return (await routes.route(topic, fallback=True)).publish_queues()
+        route = routes.cached(topic)
+        if route is None:
+            route = await routes.route(topic, fallback=True)
+        known = self._publish.get(topic)
+        if known is None or known[0] is not route:
+            known = self._publish[topic] = (route, route.publish_queues())
+        return known
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -240,48 +254,50 @@ class Producer:
         """To the queue of ``key`` (:func:`order_queue`, or the one ``selector`` picks from
         the publish queues), so that messages with one key are consumed in order."""
         self._prepare(msg)
-        queues = await self.publish_queues(msg.topic)
+        route, queues = await self._publishing(msg.topic)
         queue = order_queue(queues, key) if selector is None else selector(queues, msg, key)
         if queue not in queues:
             raise ClientError(f"the selector picked {queue}, not a publish queue of "
                               f"{msg.topic!r}")
-        return await self._send_to(queue, [msg], batch=False)
+        return await self._send_to(route, queue, [msg], batch=False)
 
     async def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
         """To queue ``queue_id`` of the topic's publish queues (in route order); no retry
         elsewhere, since the caller chose the queue."""
         self._prepare(msg)
-        queues = [q for q in await self.publish_queues(msg.topic) if q.queue_id == queue_id]
+        route, publish = await self._publishing(msg.topic)
+        queues = [q for q in publish if q.queue_id == queue_id]
         if not queues:
             raise ClientError(f"topic {msg.topic!r} has no writable queue {queue_id}")
-        return await self._send_to(queues[0], [msg], batch=False)
+        return await self._send_to(route, queues[0], [msg], batch=False)
 
     async def send_oneway(self, msg: Message) -> None:
         """Fire and forget: no answer, no retry, no result."""
         self._prepare(msg)
-        routes, pool = self._started()
-        route = await routes.route(msg.topic, fallback=True)
-        queue = select_queue(route.publish_queues(), next(self._counter), self._faults)
+        _, pool = self._started()
+        route, queues = await self._publishing(msg.topic)
+        queue = select_queue(queues, next(self._counter), self._faults)
         cmd = self._request(queue, [msg], batch=False)
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
 
     def _prepare(self, msg: Message) -> None:
         self._supervised().check()  # a producer whose background work died sends no more
-        msg.properties.setdefault(Prop.UNIQ_KEY, new_uniq_key(self._clock.now_ms()))
-        msg.born_timestamp = self._clock.now_ms()
+        now = self._clock.now_ms()
+        if Prop.UNIQ_KEY not in msg.properties:
+            msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
+        msg.born_timestamp = now
 
     async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
                                  ) -> SendResult:
-        routes, _ = self._started()
         last_failed: str | None = None
         cause: Exception | None = None
         for attempt in range(1 + self.retries):
-            queues = (await routes.route(topic, fallback=True)).publish_queues()
+            route, queues = await self._publishing(topic)
             if not queues:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
             queue = select_queue(queues, next(self._counter), self._faults, last_failed)
             try:
-                return await self._send_to(queue, msgs, batch=batch)
+                return await self._send_to(route, queue, msgs, batch=batch)
             except (TransportError, BrokerRefused) as exc:
                 if isinstance(exc, BrokerRefused) and exc.code not in RETRYABLE:
                     raise
@@ -291,10 +307,9 @@ class Producer:
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
 
-    async def _send_to(self, queue: MessageQueue, msgs: list[Message], *, batch: bool
-                       ) -> SendResult:
-        routes, pool = self._started()
-        route = await routes.route(queue.topic, fallback=True)
+    async def _send_to(self, route: TopicRoute, queue: MessageQueue, msgs: list[Message], *,
+                       batch: bool) -> SendResult:
+        _, pool = self._started()
         addr = self._master(route.master(queue.broker_name), queue)
         if addr not in self._greeted:
             await self._heartbeat_to(addr)
@@ -310,8 +325,10 @@ class Producer:
                             failed=answer.code not in STORED_CODES)
         if answer.code not in STORED_CODES:
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
+        msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
+                  else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
         return SendResult(
-            SendStatus(answer.code), ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
+            SendStatus(answer.code), msg_id,
             answer.get_str("msgId", ""), MessageQueue(queue.topic, queue.broker_name,
                                                       answer.get_int("queueId", queue.queue_id)),
             answer.get_long("queueOffset", -1))
@@ -331,14 +348,15 @@ class Producer:
             sysflag, props = 0, ""
         else:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
+        # Built as the strings the header carries, so the codec has nothing to convert.
         fields: dict[str, object] = {
-            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": 4,
-            "e": queue.queue_id, "f": sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK),
-            "g": first.born_timestamp, "h": first.flag, "i": props,
-            "j": first.reconsume_times, "k": False,
+            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
+            "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
+            "g": str(first.born_timestamp), "h": str(first.flag), "i": props,
+            "j": str(first.reconsume_times), "k": "false",
         }
         if batch:
-            fields["m"] = True
+            fields["m"] = "true"
         if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
             # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
             fields["l"] = int(first.properties[Prop.MAX_RECONSUME_TIMES])

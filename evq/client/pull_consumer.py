@@ -234,10 +234,11 @@ class PullConsumer:
         Raises :class:`~evq.client.errors.BackgroundFailed` once a background loop
         (rebalance, heartbeat, auto-commit) has failed for good: the consumer's queues and
         positions can no longer be trusted, and it should be shut down."""
-        member = self._started()[2]
+        routes, _, member, _ = self._started()
         assert self._supervisor is not None
         self._supervisor.check()
-        await self._route_of(queue.topic)
+        if routes.cached(queue.topic) is None:
+            await routes.route(queue.topic)
         return await member.pull(queue, offset, Subscription(queue.topic, expression),
                                  max_nums=max_nums, suspend_ms=wait_ms,
                                  timeout=wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
