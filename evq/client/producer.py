@@ -62,8 +62,9 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = ResponseCode.SLAVE_NOT_AVAILABLE
 
 
-STORED_CODES: Final = frozenset(s.value for s in SendStatus)
-"""Codes that mean the message is stored (the non-OK ones say how durable it is)."""
+STATUS_OF_CODE: Final = {s.value: s for s in SendStatus}
+"""Codes that mean the message is stored (the non-OK ones say how durable it is); a dict, as
+looking a code up in it costs a fraction of calling the enum."""
 
 
 @attrs.frozen(slots=True)
@@ -221,13 +222,19 @@ class Producer:
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         return list((await self._publishing(topic))[1])
 
+    def _published(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]] | None:
+        """The topic's route and publish queues when both are known and current: what a
+        send takes without awaiting anything."""
+        known = self._publish.get(topic)
+        if known is None or known[0] is not self._started()[0].cached(topic):
+            return None
+        return known
+
     async def _publishing(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]]:
-        """The topic's route and its publish queues; no await and no sorting on a send once
-        the route is cached."""
+        """The topic's route (looked up when missing) and its publish queues, sorted once per
+        route."""
         routes, _ = self._started()
-        route = routes.cached(topic)
-        if route is None:
-            route = await routes.route(topic, fallback=True)
+        route = await routes.route(topic, fallback=True)
         known = self._publish.get(topic)
         if known is None or known[0] is not route:
             known = self._publish[topic] = (route, route.publish_queues())
@@ -292,7 +299,7 @@ class Producer:
         last_failed: str | None = None
         cause: Exception | None = None
         for attempt in range(1 + self.retries):
-            route, queues = await self._publishing(topic)
+            route, queues = self._published(topic) or await self._publishing(topic)
             if not queues:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
             queue = select_queue(queues, next(self._counter), self._faults, last_failed)
@@ -314,24 +321,25 @@ class Producer:
         if addr not in self._greeted:
             await self._heartbeat_to(addr)
         cmd = self._request(queue, msgs, batch=batch)
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         started = self._clock.monotonic()
         try:
             answer = await pool.invoke(addr, cmd, self.send_timeout)
         except TransportError:
             self._faults.update(queue.broker_name, 0, failed=True)
             raise
+        status = STATUS_OF_CODE.get(answer.code)
         self._faults.update(queue.broker_name, round((self._clock.monotonic() - started) * 1000),
-                            failed=answer.code not in STORED_CODES)
-        if answer.code not in STORED_CODES:
+                            failed=status is None)
+        if status is None:
+            code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
         msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
                   else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
-        return SendResult(
-            SendStatus(answer.code), msg_id,
-            answer.get_str("msgId", ""), MessageQueue(queue.topic, queue.broker_name,
-                                                      answer.get_int("queueId", queue.queue_id)),
-            answer.get_long("queueOffset", -1))
+        queue_id = answer.get_int("queueId", queue.queue_id)
+        if queue_id != queue.queue_id:
+            queue = MessageQueue(queue.topic, queue.broker_name, queue_id)
+        return SendResult(status, msg_id, answer.get_str("msgId", ""), queue,
+                          answer.get_long("queueOffset", -1))
 
     @staticmethod
     def _master(addr: str | None, queue: MessageQueue) -> str:

@@ -37,6 +37,10 @@ class PullStatus(enum.Enum):
     OFFSET_ILLEGAL = ResponseCode.PULL_OFFSET_MOVED
 
 
+STATUS_OF_CODE: Final = {s.value: s for s in PullStatus}
+"""A dict lookup per pull instead of an enum call."""
+
+
 @attrs.frozen(slots=True)
 class PullResult:
     status: PullStatus
@@ -86,10 +90,9 @@ def restore_topic(msg: Message) -> Message:
 
 def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
     """The answer as a :class:`PullResult`; other codes raise :class:`BrokerRefused`."""
-    try:
-        status = PullStatus(answer.code)
-    except ValueError:
-        raise BrokerRefused(answer.code, answer.remark, "pull") from None
+    status = STATUS_OF_CODE.get(answer.code)
+    if status is None:
+        raise BrokerRefused(answer.code, answer.remark, "pull")
     try:
         next_offset = answer.get_long("nextBeginOffset")
         lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
