@@ -252,8 +252,7 @@ class Producer:
             raise ClientError("a batch needs at least one message, all of one topic")
         if any(Prop.DELAY in m.properties for m in msgs):
             raise ClientError("a batch cannot carry delayed messages")
-        for m in msgs:
-            self._prepare(m)
+        self._prepare(*msgs)
         return await self._send_with_retries(msgs[0].topic, list(msgs), batch=True)
 
     async def send_orderly(self, msg: Message, key: str,
@@ -287,12 +286,14 @@ class Producer:
         cmd = self._request(queue, [msg], batch=False)
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
 
-    def _prepare(self, msg: Message) -> None:
+    def _prepare(self, *msgs: Message) -> None:
+        """Stamp each message's UNIQ_KEY (unless the caller chose one) and birth time."""
         self._supervised().check()  # a producer whose background work died sends no more
         now = self._clock.now_ms()
-        if Prop.UNIQ_KEY not in msg.properties:
-            msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
-        msg.born_timestamp = now
+        for msg in msgs:
+            if Prop.UNIQ_KEY not in msg.properties:
+                msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
+            msg.born_timestamp = now
 
     async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
                                  ) -> SendResult:
@@ -352,7 +353,8 @@ class Producer:
         first = msgs[0]
         if batch:
             # The broker compresses each entry itself; a batch goes out uncompressed.
-            body = encode_batch(attrs.evolve(m, body=m.payload()) for m in msgs)
+            body = encode_batch(attrs.evolve(m, body=m.payload()) if m.sysflag & sf.COMPRESSED
+                                else m for m in msgs)
             sysflag, props = 0, ""
         else:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
