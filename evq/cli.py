@@ -389,6 +389,9 @@ def _add_bench_compare(bench: argparse._SubParsersAction[argparse.ArgumentParser
                    help="a producer stops after this long (default: 60)")
     p.add_argument("--no-redis", dest="redis", action="store_false",
                    help="measure evq alone")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                   help="the event loop of evq's client processes (default: asyncio, as "
+                        "asyncio.run gives; redis-py's client is blocking)")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="scratch directory for the servers' data (default: a temporary "
                         "directory), removed after")
@@ -402,13 +405,13 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     try:
         opts = CompareOptions(messages=args.messages, sync_messages=args.sync_messages,
                               batch=args.batch, runs=args.runs, max_seconds=args.max_seconds,
-                              data=args.data, redis=args.redis)
+                              data=args.data, redis=args.redis, loop=args.loop)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = run_compare(opts)
     words = [PROG, "bench", "compare", "--messages", str(args.messages), "--sync-messages",
              str(args.sync_messages), "--batch", str(args.batch), "--runs", str(args.runs),
-             "--max-seconds", f"{args.max_seconds:g}"]
+             "--max-seconds", f"{args.max_seconds:g}", "--loop", args.loop]
     if not args.redis:
         words.append("--no-redis")
     if args.data is not None:

@@ -42,11 +42,12 @@ def _check_system(figures: dict[str, object], sync: int, batch: int) -> None:
 
 
 def test_bench_compare_evq_alone_says_why_redis_is_missing(tmp_path: Path) -> None:
-    out = _compare("--no-redis", "--data", str(tmp_path))
+    out = _compare("--no-redis", "--loop", "uvloop", "--data", str(tmp_path))
     assert (out["messages"], out["sync_messages"], out["batch"], out["size"]) == (200, 50, 8, 1024)
     systems = out["systems"]
     assert isinstance(systems, dict) and sorted(systems) == ["evq"]
     _check_system(systems["evq"], 50, 200)
+    assert out["loop"] == "uvloop" and systems["evq"]["version"].endswith("on uvloop")
     assert out["ratios"] is None
     assert out["redis_note"] == "left out (--no-redis)"
     assert isinstance(out["rerun"], str) and "--no-redis" in out["rerun"]
@@ -62,6 +63,7 @@ def test_bench_compare_beside_redis_computes_the_ratios(tmp_path: Path) -> None:
     for name in ("evq", "redis"):
         _check_system(systems[name], 50, 200)
     assert out["redis_note"] is None
+    assert out["loop"] == "asyncio"
     ratios = out["ratios"]
     assert isinstance(ratios, dict) and sorted(ratios) == sorted(PHASES)
     for phase in PHASES:

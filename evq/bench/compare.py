@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import shutil
 import statistics
@@ -42,6 +43,7 @@ from evq.bench.broker_process import (
     stop_process,
 )
 from evq.bench.compare_workers import (
+    LOOPS,
     PAYLOAD_SIZE,
     REDIS_GROUP,
     TOPIC,
@@ -79,6 +81,8 @@ class CompareOptions:
     """A producer stops there; the consumer then reads what was sent."""
     data: Path | None = None
     redis: bool = True
+    loop: str = "asyncio"
+    """The event loop of evq's client process (Redis's client is blocking)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("messages", "sync_messages", "batch", "runs"):
@@ -86,6 +90,10 @@ class CompareOptions:
                 raise ValueError(f"{name} must be at least 1")
         if not self.max_seconds > 0:
             raise ValueError("max_seconds must be positive")
+        if self.loop not in LOOPS:
+            raise ValueError(f"unknown loop {self.loop!r}; choose one of: {', '.join(LOOPS)}")
+        if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("--loop uvloop: uvloop is not installed")
 
     def messages_of(self, mode: str) -> int:
         return self.sync_messages if mode == "sync" else self.messages
@@ -129,7 +137,7 @@ class CompareResult:
         o = self.options
         return {
             "messages": o.messages, "sync_messages": o.sync_messages, "batch": o.batch,
-            "size": PAYLOAD_SIZE, "runs": o.runs, "max_seconds": o.max_seconds,
+            "size": PAYLOAD_SIZE, "runs": o.runs, "max_seconds": o.max_seconds, "loop": o.loop,
             "systems": {name: {"version": s.version,
                                **{p: attrs.asdict(f) for p, f in s.phases.items()}}
                         for name, s in self.systems.items()},
@@ -162,7 +170,8 @@ def run_compare(opts: CompareOptions) -> CompareResult:
 
 async def _compare(opts: CompareOptions) -> CompareResult:
     note = redis_unavailable() if opts.redis else "left out (--no-redis)"
-    systems: dict[str, tuple[str, ServerFactory]] = {"evq": (evq_version(), evq_server)}
+    systems: dict[str, tuple[str, ServerFactory]] = {
+        "evq": (evq_version(opts.loop), evq_server)}
     if note is None:
         systems["redis"] = (redis_version(), redis_server)
     with scratch(opts.data, prefix="evq-bench-compare-") as root:
@@ -193,7 +202,7 @@ async def _phase(server: Server, opts: CompareOptions, system: str, role: str, m
                  n: int) -> PhaseFigures:
     await server.process.settle(SETTLE_MAX_S)  # start-up work, the flusher's trail
     job = Job(system=system, role=role, mode=mode, n=n, batch=opts.batch,
-              address=server.address, max_seconds=opts.max_seconds)
+              address=server.address, max_seconds=opts.max_seconds, loop=opts.loop)
     before = server.process.cpu_seconds
     outcome = await _run_worker(job)
     after = server.process.cpu_seconds
@@ -366,14 +375,15 @@ def redis_version() -> str:
             f"redis-py {redis.__version__}")
 
 
-def evq_version() -> str:
+def evq_version(loop: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         ours = version("evq")
     except PackageNotFoundError:
         ours = "?"
-    return f"evq {ours} serve, mmap ASYNC_FLUSH; evq.client Producer / PullConsumer"
+    return (f"evq {ours} serve, mmap ASYNC_FLUSH; evq.client Producer / PullConsumer on "
+            f"{loop}")
 
 
 # -- the report ---------------------------------------------------------------------------------

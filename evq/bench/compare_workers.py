@@ -39,6 +39,7 @@ PAYLOAD_SIZE: Final = 1024
 SEQ_BYTES: Final = 8
 DEADLINE_CHECK_EVERY: Final = 1024
 REDIS_BLOCK_MS: Final = 1000
+LOOPS: Final = ("asyncio", "uvloop")
 
 
 @attrs.frozen(kw_only=True)
@@ -63,6 +64,9 @@ class Job:
     address: str
     """evq: the name server ``host:port``; Redis: the server's ``host:port``."""
     max_seconds: float
+    loop: str = "asyncio"
+    """The event loop evq's client runs on: ``asyncio`` (the standard library's, as
+    ``asyncio.run`` gives) or ``uvloop``."""
 
 
 def payloads(n: int) -> Iterator[bytes]:
@@ -237,14 +241,21 @@ def redis_consume(job: Job) -> Outcome:
 
 def run(job: Job) -> Outcome:
     if job.system == "evq":
-        return asyncio.run(evq_produce(job) if job.role == "produce" else evq_consume(job))
+        work = evq_produce(job) if job.role == "produce" else evq_consume(job)
+        if job.loop == "uvloop":
+            import uvloop
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(work)
+        return asyncio.run(work)
     return redis_produce(job) if job.role == "produce" else redis_consume(job)
 
 
 def command_args(job: Job) -> list[str]:
     """The arguments :func:`main` parses back into ``job``."""
     return [job.system, job.role, "--mode", job.mode, "--n", str(job.n), "--batch",
-            str(job.batch), "--address", job.address, "--max-seconds", f"{job.max_seconds:g}"]
+            str(job.batch), "--address", job.address, "--max-seconds", f"{job.max_seconds:g}",
+            "--loop", job.loop]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,10 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--max-seconds", type=float, required=True)
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
     args = parser.parse_args(argv)
     logs.configure("warning")
     outcome = run(Job(system=args.system, role=args.role, mode=args.mode, n=args.n,
-                      batch=args.batch, address=args.address, max_seconds=args.max_seconds))
+                      batch=args.batch, address=args.address, max_seconds=args.max_seconds,
+                      loop=args.loop))
     print(json.dumps(attrs.asdict(outcome)), flush=True)  # the result line the parent reads
     return 0
 
