@@ -22,11 +22,14 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from evq import logs
+
+if TYPE_CHECKING:
+    import redis
 
 TOPIC: Final = "bench"
 """The evq topic and the Redis stream."""
@@ -185,7 +188,7 @@ async def evq_consume(job: Job) -> Outcome:
 # -- Redis Streams ------------------------------------------------------------------------------
 
 
-def _redis(address: str):  # type: ignore[no-untyped-def]  # redis-py's client class
+def _redis(address: str) -> redis.Redis:
     import redis
 
     host, _, port = address.rpartition(":")
