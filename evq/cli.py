@@ -364,6 +364,70 @@ def _cmd_bench_ha(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq bench compare -----------------------------------------------------------------------
+
+
+def _add_bench_compare(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "compare",
+        help="evq beside Redis Streams: produce and consume, sync and batched, CPU per message",
+        description=(
+            "One producer process sends 1 KiB messages and exits, then one consumer process "
+            "reads and acknowledges them all, against a fresh `evq serve` (mmap, ASYNC_FLUSH, "
+            "one queue) and, when redis-server is on the PATH, a fresh Redis (AOF everysec) "
+            "driven by redis-py; prints each figure and evq's ratio to Redis."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=100_000,
+                   help="messages of each batch phase (default: 100000)")
+    p.add_argument("--sync-messages", type=_positive_int, default=20_000,
+                   help="messages of each sync phase, one per request (default: 20000)")
+    p.add_argument("--batch", type=_positive_int, default=32,
+                   help="messages per request in the batch phases (default: 32)")
+    p.add_argument("--runs", type=_positive_int, default=1,
+                   help="runs of each phase, medians reported (default: 1)")
+    p.add_argument("--max-seconds", type=_positive_float, default=60.0,
+                   help="a producer stops after this long (default: 60)")
+    p.add_argument("--no-redis", dest="redis", action="store_false",
+                   help="measure evq alone")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                   help="the event loop of evq's client processes (default: asyncio, as "
+                        "asyncio.run gives; redis-py's client is blocking)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the servers' data (default: a temporary "
+                        "directory), removed after")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_compare, log_level_default="warning")
+
+
+def _cmd_bench_compare(args: argparse.Namespace) -> int:
+    from evq.bench.compare import CompareOptions, format_report, run_compare
+
+    try:
+        opts = CompareOptions(messages=args.messages, sync_messages=args.sync_messages,
+                              batch=args.batch, runs=args.runs, max_seconds=args.max_seconds,
+                              data=args.data, redis=args.redis, loop=args.loop)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_compare(opts)
+    words = [PROG, "bench", "compare", "--messages", str(args.messages), "--sync-messages",
+             str(args.sync_messages), "--batch", str(args.batch), "--runs", str(args.runs),
+             "--max-seconds", f"{args.max_seconds:g}", "--loop", args.loop]
+    if not args.redis:
+        words.append("--no-redis")
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    rerun = shlex.join(words)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
 # --- evq broker ------------------------------------------------------------------------------
 
 
@@ -763,6 +827,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_net(benches)
     _add_bench_ha(benches)
     _add_bench_recovery(benches)
+    _add_bench_compare(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -120,7 +120,7 @@ async def broker_process(
         log.info("bench_broker_started", pid=process.pid, address=f"{address[0]}:{address[1]}")
         yield BrokerProcess(process, *address)
     finally:
-        await _stop(process)
+        await stop_process(process)
 
 
 async def _await_listening(
@@ -150,7 +150,7 @@ def _tail(log_path: Path) -> str:
     return ": " + " | ".join(lines[-STDERR_TAIL_LINES:]) if lines else ""
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
+async def stop_process(process: asyncio.subprocess.Process) -> None:
     """SIGTERM (a graceful shutdown that flushes the store), SIGKILL if that hangs."""
     if process.returncode is None:
         process.send_signal(signal.SIGTERM)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import attrs
 from evq import logs
 from evq.bench.broker_process import BrokerProcess, broker_process
 from evq.bench.net import Producer, create_topic, percentile
-from evq.bench.scaffold import check_backend, scratch
+from evq.bench.scaffold import check_backend, free_port, scratch
 from evq.bench.store import BenchError, Workload
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
@@ -88,18 +87,12 @@ async def _run(opts: HABenchOptions) -> HABenchResult:
                          in_flight=opts.in_flight, setups=tuple(figures))
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def _group(opts: HABenchOptions, setup: str, root: Path
                  ) -> AsyncIterator[tuple[BrokerProcess, BrokerProcess | None]]:
     root.mkdir(parents=True)
     host = "127.0.0.1"
-    ha_port = _free_port(host)
+    ha_port = free_port(host)
     role = "SYNC_MASTER" if setup == "SYNC_MASTER" else "ASYNC_MASTER"
     async with broker_process(opts.backend, root / "master",
                               settings={"broker_role": role, "ha_listen_port": ha_port}) as master:

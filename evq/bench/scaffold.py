@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,3 +39,10 @@ def scratch(parent: Path | None, prefix: str = "evq-bench-") -> Iterator[Path]:
 def progress(enabled: bool, desc: str, total: int) -> tqdm[Any]:
     return tqdm(total=total, desc=desc, unit="msg", unit_scale=True, file=sys.stderr,
                 disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now (for a server that cannot pick its own with port 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

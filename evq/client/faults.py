@@ -27,8 +27,16 @@ FAILURE_LATENCY_MS: Final = 30_000
 """What a failed send counts as: the top band, so the broker is skipped for ten minutes."""
 
 
+FIRST_SKIPPED_MS: Final = next(limit for limit, skip in zip(LATENCY_MAX_MS, NOT_AVAILABLE_MS,
+                                                              strict=True) if skip)
+"""The lowest latency that gets a broker skipped: below it (every healthy send) the band
+search is not needed."""
+
+
 def not_available_ms(latency_ms: int) -> int:
     """How long to skip a broker after a request that took ``latency_ms``."""
+    if latency_ms < FIRST_SKIPPED_MS:
+        return 0
     for limit, duration in zip(reversed(LATENCY_MAX_MS), reversed(NOT_AVAILABLE_MS),
                                strict=True):
         if latency_ms >= limit:
@@ -53,7 +61,11 @@ class LatencyFaultTolerance:
     def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
         latency = FAILURE_LATENCY_MS if failed else latency_ms
         until = self._clock.now_ms() + not_available_ms(latency)
-        self._items[broker] = FaultItem(broker, latency, until)
+        item = self._items.get(broker)
+        if item is None:
+            self._items[broker] = FaultItem(broker, latency, until)
+        else:  # every send reports: the broker's item is updated in place, not rebuilt
+            item.latency_ms, item.available_at_ms = latency, until
 
     def is_available(self, broker: str) -> bool:
         item = self._items.get(broker)
@@ -79,6 +91,9 @@ def select_queue(
     if not queues:
         raise ValueError("no queue to select from")
     n = len(queues)
+    first = queues[start % n]
+    if first.broker_name != last_failed and faults.is_available(first.broker_name):
+        return first  # the common case, decided without building the ring
     ring = [queues[(start + i) % n] for i in range(n)]
     for q in ring:
         if q.broker_name != last_failed and faults.is_available(q.broker_name):

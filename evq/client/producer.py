@@ -29,7 +29,7 @@ from evq import logs
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
-from evq.client.routes import REFRESH_S, BrokerPool, Routes
+from evq.client.routes import REFRESH_S, BrokerPool, Routes, TopicRoute
 from evq.client.supervision import SupervisionPolicy, Supervisor, periodic
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
@@ -62,8 +62,9 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = ResponseCode.SLAVE_NOT_AVAILABLE
 
 
-STORED_CODES: Final = frozenset(s.value for s in SendStatus)
-"""Codes that mean the message is stored (the non-OK ones say how durable it is)."""
+STATUS_OF_CODE: Final = {s.value: s for s in SendStatus}
+"""Codes that mean the message is stored (the non-OK ones say how durable it is); a dict, as
+looking a code up in it costs a fraction of calling the enum."""
 
 
 @attrs.frozen(slots=True)
@@ -130,6 +131,9 @@ class Producer:
         self._supervisor: Supervisor | None = None
         """Runs heartbeats and route refresh; sends raise once either failed for good."""
         self._greeted: set[str] = set()
+        self._publish: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
+        """Each topic's publish queues, worked out once per route (a refresh replaces the
+        route object, and the queues are worked out again on the next send)."""
 
     def handlers(self) -> Mapping[int, Handler]:
         """Requests brokers send this producer; :class:`TransactionProducer` answers
@@ -216,8 +220,25 @@ class Producer:
         self._greeted.clear()
 
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
+        return list((await self._publishing(topic))[1])
+
+    def _published(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]] | None:
+        """The topic's route and publish queues when both are known and current: what a
+        send takes without awaiting anything."""
+        known = self._publish.get(topic)
+        if known is None or known[0] is not self._started()[0].cached(topic):
+            return None
+        return known
+
+    async def _publishing(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]]:
+        """The topic's route (looked up when missing) and its publish queues, sorted once per
+        route."""
         routes, _ = self._started()
-        return (await routes.route(topic, fallback=True)).publish_queues()
+        route = await routes.route(topic, fallback=True)
+        known = self._publish.get(topic)
+        if known is None or known[0] is not route:
+            known = self._publish[topic] = (route, route.publish_queues())
+        return known
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -231,8 +252,7 @@ class Producer:
             raise ClientError("a batch needs at least one message, all of one topic")
         if any(Prop.DELAY in m.properties for m in msgs):
             raise ClientError("a batch cannot carry delayed messages")
-        for m in msgs:
-            self._prepare(m)
+        self._prepare(*msgs)
         return await self._send_with_retries(msgs[0].topic, list(msgs), batch=True)
 
     async def send_orderly(self, msg: Message, key: str,
@@ -240,48 +260,52 @@ class Producer:
         """To the queue of ``key`` (:func:`order_queue`, or the one ``selector`` picks from
         the publish queues), so that messages with one key are consumed in order."""
         self._prepare(msg)
-        queues = await self.publish_queues(msg.topic)
+        route, queues = await self._publishing(msg.topic)
         queue = order_queue(queues, key) if selector is None else selector(queues, msg, key)
         if queue not in queues:
             raise ClientError(f"the selector picked {queue}, not a publish queue of "
                               f"{msg.topic!r}")
-        return await self._send_to(queue, [msg], batch=False)
+        return await self._send_to(route, queue, [msg], batch=False)
 
     async def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
         """To queue ``queue_id`` of the topic's publish queues (in route order); no retry
         elsewhere, since the caller chose the queue."""
         self._prepare(msg)
-        queues = [q for q in await self.publish_queues(msg.topic) if q.queue_id == queue_id]
+        route, publish = await self._publishing(msg.topic)
+        queues = [q for q in publish if q.queue_id == queue_id]
         if not queues:
             raise ClientError(f"topic {msg.topic!r} has no writable queue {queue_id}")
-        return await self._send_to(queues[0], [msg], batch=False)
+        return await self._send_to(route, queues[0], [msg], batch=False)
 
     async def send_oneway(self, msg: Message) -> None:
         """Fire and forget: no answer, no retry, no result."""
         self._prepare(msg)
-        routes, pool = self._started()
-        route = await routes.route(msg.topic, fallback=True)
-        queue = select_queue(route.publish_queues(), next(self._counter), self._faults)
+        _, pool = self._started()
+        route, queues = await self._publishing(msg.topic)
+        queue = select_queue(queues, next(self._counter), self._faults)
         cmd = self._request(queue, [msg], batch=False)
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
 
-    def _prepare(self, msg: Message) -> None:
+    def _prepare(self, *msgs: Message) -> None:
+        """Stamp each message's UNIQ_KEY (unless the caller chose one) and birth time."""
         self._supervised().check()  # a producer whose background work died sends no more
-        msg.properties.setdefault(Prop.UNIQ_KEY, new_uniq_key(self._clock.now_ms()))
-        msg.born_timestamp = self._clock.now_ms()
+        now = self._clock.now_ms()
+        for msg in msgs:
+            if Prop.UNIQ_KEY not in msg.properties:
+                msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
+            msg.born_timestamp = now
 
     async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
                                  ) -> SendResult:
-        routes, _ = self._started()
         last_failed: str | None = None
         cause: Exception | None = None
         for attempt in range(1 + self.retries):
-            queues = (await routes.route(topic, fallback=True)).publish_queues()
+            route, queues = self._published(topic) or await self._publishing(topic)
             if not queues:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
             queue = select_queue(queues, next(self._counter), self._faults, last_failed)
             try:
-                return await self._send_to(queue, msgs, batch=batch)
+                return await self._send_to(route, queue, msgs, batch=batch)
             except (TransportError, BrokerRefused) as exc:
                 if isinstance(exc, BrokerRefused) and exc.code not in RETRYABLE:
                     raise
@@ -291,30 +315,32 @@ class Producer:
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
 
-    async def _send_to(self, queue: MessageQueue, msgs: list[Message], *, batch: bool
-                       ) -> SendResult:
-        routes, pool = self._started()
-        route = await routes.route(queue.topic, fallback=True)
+    async def _send_to(self, route: TopicRoute, queue: MessageQueue, msgs: list[Message], *,
+                       batch: bool) -> SendResult:
+        _, pool = self._started()
         addr = self._master(route.master(queue.broker_name), queue)
         if addr not in self._greeted:
             await self._heartbeat_to(addr)
         cmd = self._request(queue, msgs, batch=batch)
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
         started = self._clock.monotonic()
         try:
             answer = await pool.invoke(addr, cmd, self.send_timeout)
         except TransportError:
             self._faults.update(queue.broker_name, 0, failed=True)
             raise
+        status = STATUS_OF_CODE.get(answer.code)
         self._faults.update(queue.broker_name, round((self._clock.monotonic() - started) * 1000),
-                            failed=answer.code not in STORED_CODES)
-        if answer.code not in STORED_CODES:
+                            failed=status is None)
+        if status is None:
+            code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
-        return SendResult(
-            SendStatus(answer.code), ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
-            answer.get_str("msgId", ""), MessageQueue(queue.topic, queue.broker_name,
-                                                      answer.get_int("queueId", queue.queue_id)),
-            answer.get_long("queueOffset", -1))
+        msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
+                  else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
+        queue_id = answer.get_int("queueId", queue.queue_id)
+        if queue_id != queue.queue_id:
+            queue = MessageQueue(queue.topic, queue.broker_name, queue_id)
+        return SendResult(status, msg_id, answer.get_str("msgId", ""), queue,
+                          answer.get_long("queueOffset", -1))
 
     @staticmethod
     def _master(addr: str | None, queue: MessageQueue) -> str:
@@ -327,18 +353,20 @@ class Producer:
         first = msgs[0]
         if batch:
             # The broker compresses each entry itself; a batch goes out uncompressed.
-            body = encode_batch(attrs.evolve(m, body=m.payload()) for m in msgs)
+            body = encode_batch(attrs.evolve(m, body=m.payload()) if m.sysflag & sf.COMPRESSED
+                                else m for m in msgs)
             sysflag, props = 0, ""
         else:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
+        # Built as the strings the header carries, so the codec has nothing to convert.
         fields: dict[str, object] = {
-            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": 4,
-            "e": queue.queue_id, "f": sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK),
-            "g": first.born_timestamp, "h": first.flag, "i": props,
-            "j": first.reconsume_times, "k": False,
+            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
+            "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
+            "g": str(first.born_timestamp), "h": str(first.flag), "i": props,
+            "j": str(first.reconsume_times), "k": "false",
         }
         if batch:
-            fields["m"] = True
+            fields["m"] = "true"
         if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
             # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
             fields["l"] = int(first.properties[Prop.MAX_RECONSUME_TIMES])

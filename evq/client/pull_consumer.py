@@ -89,6 +89,8 @@ class PullConsumer:
         self._seeks: dict[MessageQueue, int] = {}
         """How often each queue was sought: a poll started before a seek keeps its hands off
         the position."""
+        self._pull_subs: dict[tuple[str, str], Subscription] = {}
+        """The subscription a pull of (topic, expression) sends, made once."""
         self._rebalance_now = asyncio.Event()
         self._supervisor: Supervisor | None = None
         """Runs the background loops; :meth:`pull` raises once one of them failed for good."""
@@ -234,11 +236,15 @@ class PullConsumer:
         Raises :class:`~evq.client.errors.BackgroundFailed` once a background loop
         (rebalance, heartbeat, auto-commit) has failed for good: the consumer's queues and
         positions can no longer be trusted, and it should be shut down."""
-        member = self._started()[2]
+        routes, _, member, _ = self._started()
         assert self._supervisor is not None
         self._supervisor.check()
-        await self._route_of(queue.topic)
-        return await member.pull(queue, offset, Subscription(queue.topic, expression),
+        if routes.cached(queue.topic) is None:
+            await routes.route(queue.topic)
+        sub = self._pull_subs.get((queue.topic, expression))
+        if sub is None:
+            sub = self._pull_subs[queue.topic, expression] = Subscription(queue.topic, expression)
+        return await member.pull(queue, offset, sub,
                                  max_nums=max_nums, suspend_ms=wait_ms,
                                  timeout=wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
 
@@ -246,13 +252,14 @@ class PullConsumer:
                    ) -> PullResult:
         """Pull an assigned queue from its position and move the position past the result
         (or, after PULL_OFFSET_MOVED, to where the broker says)."""
-        if queue not in self._assigned:
+        offset = self._assigned.get(queue)
+        if offset is None:
             raise ClientError(f"{queue} is not assigned")
         seeks = self._seeks.get(queue, 0)
         sub = self._subs.get(queue.topic)
-        result = await self.pull(queue, self._assigned[queue], max_nums,
+        result = await self.pull(queue, offset, max_nums,
                                  expression=sub.expression if sub else "*", wait_ms=wait_ms)
-        if queue in self._assigned and self._seeks.get(queue, 0) == seeks:
+        if self._seeks.get(queue, 0) == seeks and queue in self._assigned:
             if result.status is PullStatus.OFFSET_ILLEGAL:
                 log.info("offset moved", group=self.group, queue=queue,
                          offset=result.next_begin_offset)

@@ -8,7 +8,6 @@ gives a retried message back its real topic, so a listener never sees ``%RETRY%<
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from typing import Final
 
 import attrs
@@ -36,6 +35,10 @@ class PullStatus(enum.Enum):
     NO_NEW_MSG = ResponseCode.PULL_NOT_FOUND
     NO_MATCHED_MSG = ResponseCode.PULL_RETRY_IMMEDIATELY
     OFFSET_ILLEGAL = ResponseCode.PULL_OFFSET_MOVED
+
+
+STATUS_OF_CODE: Final = {s.value: s for s in PullStatus}
+"""A dict lookup per pull instead of an enum call."""
 
 
 @attrs.frozen(slots=True)
@@ -68,11 +71,12 @@ def pull_request(group: str, queue: MessageQueue, offset: int, sub: Subscription
     flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
     if commit_offset > 0:
         flags |= FLAG_COMMIT_OFFSET
+    # Built as the strings the header carries, so the codec has nothing to convert.
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": group, "topic": queue.topic, "queueId": queue.queue_id,
-        "queueOffset": offset, "maxMsgNums": max_nums, "sysFlag": flags,
-        "commitOffset": max(commit_offset, 0), "suspendTimeoutMillis": suspend_ms,
-        "subscription": sub.expression, "subVersion": sub.version,
+        "consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id),
+        "queueOffset": str(offset), "maxMsgNums": str(max_nums), "sysFlag": str(flags),
+        "commitOffset": str(max(commit_offset, 0)), "suspendTimeoutMillis": str(suspend_ms),
+        "subscription": sub.expression, "subVersion": str(sub.version),
         "expressionType": sub.expression_type})
 
 
@@ -86,10 +90,9 @@ def restore_topic(msg: Message) -> Message:
 
 def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
     """The answer as a :class:`PullResult`; other codes raise :class:`BrokerRefused`."""
-    try:
-        status = PullStatus(answer.code)
-    except ValueError:
-        raise BrokerRefused(answer.code, answer.remark, "pull") from None
+    status = STATUS_OF_CODE.get(answer.code)
+    if status is None:
+        raise BrokerRefused(answer.code, answer.remark, "pull")
     try:
         next_offset = answer.get_long("nextBeginOffset")
         lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
@@ -97,9 +100,16 @@ def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
         found = list(iter_records(answer.body)) if status is PullStatus.FOUND else []
     except (HeaderFieldError, RecordError) as exc:
         raise ClientError(f"unreadable pull answer: {exc}") from None
-    return PullResult(status, next_offset, lo, hi, [restore_topic(m) for m in
-                                                    matching(found, sub.tags())], suggest)
+    return PullResult(status, next_offset, lo, hi, restored(matching(found, sub.tags())),
+                      suggest)
 
 
-def matching(msgs: Iterable[Message], tags: frozenset[str] | None) -> list[Message]:
-    return [m for m in msgs if tags is None or m.tags in tags]
+def restored(msgs: list[Message]) -> list[Message]:
+    """:func:`restore_topic` of each message, looked at only when a retry topic is there."""
+    if not any(m.topic.startswith(tp.RETRY_PREFIX) for m in msgs):
+        return msgs
+    return [restore_topic(m) for m in msgs]
+
+
+def matching(msgs: list[Message], tags: frozenset[str] | None) -> list[Message]:
+    return msgs if tags is None else [m for m in msgs if m.tags in tags]

@@ -25,7 +25,13 @@ from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.security import ClientSecurity
-from evq.net.transport import Dispatcher, RemotingClient, TransportError, split_address
+from evq.net.transport import (
+    Connection,
+    Dispatcher,
+    RemotingClient,
+    TransportError,
+    split_address,
+)
 
 log = logs.get_logger(__name__)
 
@@ -114,6 +120,9 @@ class BrokerPool:
         self.security = security
         self._clock = clock
         self._clients: dict[str, RemotingClient] = {}
+        self._open: dict[str, Connection] = {}
+        """The open connection of each address: a request on it goes straight out, without
+        the client's connect lock (taken again only to reconnect)."""
 
     def client(self, addr: str) -> RemotingClient:
         client = self._clients.get(addr)
@@ -130,7 +139,10 @@ class BrokerPool:
 
     async def invoke(self, addr: str, cmd: RemotingCommand,
                      timeout: float = REQUEST_TIMEOUT_S) -> RemotingCommand:
-        return await self.client(addr).invoke(cmd, timeout)
+        conn = self._open.get(addr)
+        if conn is None or conn.is_closed:
+            conn = self._open[addr] = await self.client(addr).connection()
+        return await conn.send_request(cmd, timeout)
 
     async def call(self, addr: str, cmd: RemotingCommand, what: str,
                    timeout: float = REQUEST_TIMEOUT_S,
@@ -143,6 +155,7 @@ class BrokerPool:
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
+        self._open = {}
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 
@@ -161,6 +174,10 @@ class Routes:
     @property
     def topics(self) -> list[str]:
         return sorted(self._routes)
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        """The cached route, if any: what a send or pull checks first without awaiting."""
+        return self._routes.get(topic)
 
     async def route(self, topic: str, *, fallback: bool = False) -> TopicRoute:
         """The cached route, looked up when missing; ``fallback`` lends TBW102's route to a

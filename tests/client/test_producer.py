@@ -62,6 +62,20 @@ async def test_batch_and_oneway(cluster: Served) -> None:
     assert b"oneway" in {m.payload() for m in got}
 
 
+async def test_a_batch_mixing_compressed_and_plain_messages_reads_back(cluster: Served) -> None:
+    """A batch goes out uncompressed: a message ``new_message`` compressed is inflated into
+    it, the others are sent as they are."""
+    big = b"y" * 5000
+    msgs = [new_message("BZ", b"small"), new_message("BZ", big), new_message("BZ", b"tail")]
+    assert [m.sysflag & sf.COMPRESSED for m in msgs] == [0, sf.COMPRESSED, 0]
+    async with Producer("PG", cluster.namesrv) as p:
+        r = await p.send_batch(msgs)
+    ids = r.msg_id.split(",")
+    got = sorted((m for m in await read_all(cluster.namesrv, "BZ") if m.uniq_key in ids),
+                 key=lambda m: m.queue_offset)
+    assert [m.payload() for m in got] == [b"small", big, b"tail"]
+
+
 async def test_orderly_by_key_uses_the_java_hash(cluster: Served) -> None:
     async with Producer("PG", cluster.namesrv) as p:
         await p.send(new_message("O", b"create"))

@@ -1,0 +1,284 @@
+"""The worker processes of ``evq bench compare``: one producer or one consumer, each system
+driven by its own standard Python client.
+
+Each worker is a process of its own (``python -m evq.bench.compare_workers SYSTEM ROLE ...``)
+so that its CPU time is its client's alone, and prints one JSON line when done (an
+:class:`Outcome`).  The timed phase runs from the first request to the last answer; connecting
+and looking routes up happen before it.
+
+* **produce**: ``n`` messages of ``PAYLOAD_SIZE`` bytes, an 8-byte big-endian sequence number
+  then random bytes; ``sync`` sends one per request and awaits it, ``batch`` sends ``batch``
+  per request (evq's ``send_batch``, a Redis pipeline of XADDs).
+* **consume**: reads and acknowledges all ``n`` (evq: ``poll`` of 1 or ``batch`` and the
+  offset commit; Redis: XREADGROUP of 1 or ``batch`` and one XACK of their ids) and checks the
+  count and the sum of the sequence numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from evq import logs
+
+if TYPE_CHECKING:
+    import redis
+
+TOPIC: Final = "bench"
+"""The evq topic and the Redis stream."""
+REDIS_GROUP: Final = "bench"
+REDIS_CONSUMER: Final = "c1"
+REDIS_FIELD: Final = b"d"
+PRODUCER_GROUP: Final = "BenchCompareProducer"
+CONSUMER_GROUP: Final = "BenchCompareConsumer"
+PAYLOAD_SIZE: Final = 1024
+SEQ_BYTES: Final = 8
+DEADLINE_CHECK_EVERY: Final = 1024
+REDIS_BLOCK_MS: Final = 1000
+LOOPS: Final = ("asyncio", "uvloop")
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """What a worker did: messages done in ``seconds`` of wall time and ``cpu_seconds`` of its
+    own CPU time (user + system) over the timed phase; ``ok`` is a consumer's check."""
+
+    done: int
+    seconds: float
+    cpu_seconds: float
+    ok: bool = True
+    detail: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    system: str
+    role: str
+    mode: str
+    n: int
+    batch: int
+    address: str
+    """evq: the name server ``host:port``; Redis: the server's ``host:port``."""
+    max_seconds: float
+    loop: str = "asyncio"
+    """The event loop evq's client runs on: ``asyncio`` (the standard library's, as
+    ``asyncio.run`` gives) or ``uvloop``."""
+
+
+def payloads(n: int) -> Iterator[bytes]:
+    """``n`` bodies: sequence number ``i`` then the same random tail."""
+    tail = os.urandom(PAYLOAD_SIZE - SEQ_BYTES)
+    for i in range(n):
+        yield i.to_bytes(SEQ_BYTES, "big") + tail
+
+
+@attrs.define
+class Checker:
+    """Counts what a consumer read and adds up the sequence numbers, which must come to
+    ``0 + 1 + ... + n-1``: nothing lost, nothing read twice."""
+
+    count: int = 0
+    seq_sum: int = 0
+    wrong_size: int = 0
+
+    def add(self, body: bytes) -> None:
+        if len(body) != PAYLOAD_SIZE:
+            self.wrong_size += 1
+            return
+        self.count += 1
+        self.seq_sum += int.from_bytes(body[:SEQ_BYTES], "big")
+
+    def ok(self, n: int) -> bool:
+        return self.count == n and self.seq_sum == n * (n - 1) // 2 and not self.wrong_size
+
+    def detail(self, n: int) -> str:
+        return (f"read {self.count} of {n}, sequence sum {self.seq_sum} "
+                f"(want {n * (n - 1) // 2}), {self.wrong_size} of the wrong size")
+
+
+class Timer:
+    """Wall and CPU time from :meth:`start` on."""
+
+    def __init__(self, max_seconds: float) -> None:
+        self.max_seconds = max_seconds
+        self._wall = time.perf_counter()
+        self._cpu = time.process_time()
+
+    def start(self) -> None:
+        self._wall = time.perf_counter()
+        self._cpu = time.process_time()
+
+    def expired(self) -> bool:
+        return time.perf_counter() - self._wall > self.max_seconds
+
+    def outcome(self, done: int, checker: Checker | None = None, n: int = 0) -> Outcome:
+        seconds = time.perf_counter() - self._wall
+        cpu = time.process_time() - self._cpu
+        if checker is None:
+            return Outcome(done=done, seconds=seconds, cpu_seconds=cpu)
+        return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, ok=checker.ok(n),
+                       detail=checker.detail(n))
+
+
+def chunks(bodies: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for body in bodies:
+        chunk.append(body)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# -- evq --------------------------------------------------------------------------------------
+
+
+async def evq_produce(job: Job) -> Outcome:
+    from evq.client.producer import Producer
+    from evq.domain.message import new_message
+
+    timer = Timer(job.max_seconds)
+    done = 0
+    async with Producer(PRODUCER_GROUP, job.address) as producer:
+        await producer.publish_queues(TOPIC)  # the route, looked up before the timing
+        timer.start()
+        if job.mode == "sync":
+            for body in payloads(job.n):
+                await producer.send(new_message(TOPIC, body))
+                done += 1
+                if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
+                    break
+        else:
+            for chunk in chunks(payloads(job.n), job.batch):
+                await producer.send_batch([new_message(TOPIC, body) for body in chunk])
+                done += len(chunk)
+                if timer.expired():
+                    break
+        return timer.outcome(done)
+
+
+async def evq_consume(job: Job) -> Outcome:
+    from evq.client.pull_consumer import PullConsumer
+
+    timer = Timer(job.max_seconds)
+    checker = Checker()
+    max_nums = 1 if job.mode == "sync" else job.batch
+    async with PullConsumer(CONSUMER_GROUP, job.address) as consumer:
+        queues = await consumer.queues(TOPIC)
+        await consumer.assign(queues)
+        for queue in queues:
+            await consumer.seek_to_begin(queue)
+        timer.start()
+        while checker.count < job.n and not timer.expired():
+            for queue in queues:
+                for msg in (await consumer.poll(queue, max_nums)).messages:
+                    checker.add(msg.payload())
+        await consumer.commit()  # the acknowledgement: the group's position, stored
+        return timer.outcome(checker.count, checker, job.n)
+
+
+# -- Redis Streams ------------------------------------------------------------------------------
+
+
+def _redis(address: str) -> redis.Redis:
+    import redis
+
+    host, _, port = address.rpartition(":")
+    client = redis.Redis(host=host, port=int(port))
+    client.ping()
+    return client
+
+
+def redis_produce(job: Job) -> Outcome:
+    client = _redis(job.address)
+    timer = Timer(job.max_seconds)
+    done = 0
+    timer.start()
+    if job.mode == "sync":
+        for body in payloads(job.n):
+            client.xadd(TOPIC, {REDIS_FIELD: body})
+            done += 1
+            if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
+                break
+    else:
+        for chunk in chunks(payloads(job.n), job.batch):
+            pipe = client.pipeline(transaction=False)
+            for body in chunk:
+                pipe.xadd(TOPIC, {REDIS_FIELD: body})
+            pipe.execute()
+            done += len(chunk)
+            if timer.expired():
+                break
+    return timer.outcome(done)
+
+
+def redis_consume(job: Job) -> Outcome:
+    client = _redis(job.address)
+    timer = Timer(job.max_seconds)
+    checker = Checker()
+    count = 1 if job.mode == "sync" else job.batch
+    timer.start()
+    while checker.count < job.n and not timer.expired():
+        answer = client.xreadgroup(REDIS_GROUP, REDIS_CONSUMER, {TOPIC: ">"}, count=count,
+                                   block=REDIS_BLOCK_MS)
+        if not answer:
+            continue
+        entries = answer[0][1]
+        for _, fields in entries:
+            checker.add(fields[REDIS_FIELD])
+        client.xack(TOPIC, REDIS_GROUP, *(entry_id for entry_id, _ in entries))
+    outcome = timer.outcome(checker.count, checker, job.n)
+    pending = int(client.xpending(TOPIC, REDIS_GROUP)["pending"])
+    if pending:
+        return attrs.evolve(outcome, ok=False, detail=f"{outcome.detail}; {pending} unacked")
+    return outcome
+
+
+def run(job: Job) -> Outcome:
+    if job.system == "evq":
+        work = evq_produce(job) if job.role == "produce" else evq_consume(job)
+        if job.loop == "uvloop":
+            import uvloop
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(work)
+        return asyncio.run(work)
+    return redis_produce(job) if job.role == "produce" else redis_consume(job)
+
+
+def command_args(job: Job) -> list[str]:
+    """The arguments :func:`main` parses back into ``job``."""
+    return [job.system, job.role, "--mode", job.mode, "--n", str(job.n), "--batch",
+            str(job.batch), "--address", job.address, "--max-seconds", f"{job.max_seconds:g}",
+            "--loop", job.loop]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evq.bench.compare_workers")
+    parser.add_argument("system", choices=["evq", "redis"])
+    parser.add_argument("role", choices=["produce", "consume"])
+    parser.add_argument("--mode", choices=["sync", "batch"], required=True)
+    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--max-seconds", type=float, required=True)
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    args = parser.parse_args(argv)
+    logs.configure("warning")
+    outcome = run(Job(system=args.system, role=args.role, mode=args.mode, n=args.n,
+                      batch=args.batch, address=args.address, max_seconds=args.max_seconds,
+                      loop=args.loop))
+    print(json.dumps(attrs.asdict(outcome)), flush=True)  # the result line the parent reads
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Smoke tests of ``evq bench compare`` as a real subprocess with real servers (figures are
+never judged for speed, only for shape)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PHASES = ("sync_produce", "sync_consume", "batch_produce", "batch_consume")
+FIGURES = ("msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg")
+
+
+def _compare(*args: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "evq.cli", "bench", "compare", "--messages", "200",
+         "--sync-messages", "50", "--batch", "8", "--json", *args],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout  # one JSON object, nothing else on stdout
+    out: dict[str, object] = json.loads(lines[0])
+    return out
+
+
+def _check_system(figures: dict[str, object], sync: int, batch: int) -> None:
+    assert isinstance(figures["version"], str) and figures["version"]
+    for phase in PHASES:
+        phase_figures = figures[phase]
+        assert isinstance(phase_figures, dict)
+        assert phase_figures["messages"] == (sync if phase.startswith("sync") else batch)
+        for key in FIGURES:
+            value = phase_figures[key]
+            assert isinstance(value, int | float) and not isinstance(value, bool), (phase, key)
+            assert math.isfinite(value) and value >= 0, (phase, key, value)
+        assert phase_figures["msgs_per_s"] > 0 and phase_figures["client_cpu_us_per_msg"] > 0
+
+
+def test_bench_compare_evq_alone_says_why_redis_is_missing(tmp_path: Path) -> None:
+    out = _compare("--no-redis", "--loop", "uvloop", "--data", str(tmp_path))
+    assert (out["messages"], out["sync_messages"], out["batch"], out["size"]) == (200, 50, 8, 1024)
+    systems = out["systems"]
+    assert isinstance(systems, dict) and sorted(systems) == ["evq"]
+    _check_system(systems["evq"], 50, 200)
+    assert out["loop"] == "uvloop" and systems["evq"]["version"].endswith("on uvloop")
+    assert out["ratios"] is None
+    assert out["redis_note"] == "left out (--no-redis)"
+    assert isinstance(out["rerun"], str) and "--no-redis" in out["rerun"]
+    assert list(tmp_path.iterdir()) == []  # the servers' data is removed
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_bench_compare_beside_redis_computes_the_ratios(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    out = _compare("--data", str(tmp_path))
+    systems = out["systems"]
+    assert isinstance(systems, dict) and sorted(systems) == ["evq", "redis"]
+    for name in ("evq", "redis"):
+        _check_system(systems[name], 50, 200)
+    assert out["redis_note"] is None
+    assert out["loop"] == "asyncio"
+    ratios = out["ratios"]
+    assert isinstance(ratios, dict) and sorted(ratios) == sorted(PHASES)
+    for phase in PHASES:
+        rate = ratios[phase]["msgs_per_s"]
+        assert rate == pytest.approx(systems["evq"][phase]["msgs_per_s"]
+                                     / systems["redis"][phase]["msgs_per_s"])
+        client = ratios[phase]["client_cpu_us_per_msg"]
+        assert client == pytest.approx(systems["evq"][phase]["client_cpu_us_per_msg"]
+                                       / systems["redis"][phase]["client_cpu_us_per_msg"])
+    assert list(tmp_path.iterdir()) == []
