@@ -132,9 +132,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.stats.puts_refused += 1
         if not result.appended or result.appended[0].physical_offset < 0:
             return cmd.response(result.code, ctx.core.refusal_remark(result.status))
-        return cmd.response(result.code, None, {
-            "msgId": result.msg_id, "queueId": result.queue_id,
-            "queueOffset": result.queue_offset, "MSG_REGION": "DefaultRegion",
+        return cmd.response(result.code, None, {  # strings already: no coercion per field
+            "msgId": result.msg_id, "queueId": str(result.queue_id),
+            "queueOffset": str(result.queue_offset), "MSG_REGION": "DefaultRegion",
             "TRACE_ON": "true",
         })
 
