@@ -261,7 +261,8 @@ class RemotingCommand:
     def get_int(self, name: str, default: _T) -> int | _T: ...
     def get_int(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``int`` field (32-bit signed)."""
-        return self._typed(name, default, _parse_int)
+        value = self.ext_fields.get(name)  # inline, not through _typed: ~10 reads a request
+        return self._absent(name, default) if value is None else _parse_int(name, value)
 
     @overload
     def get_long(self, name: str) -> int: ...
@@ -269,7 +270,8 @@ class RemotingCommand:
     def get_long(self, name: str, default: _T) -> int | _T: ...
     def get_long(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``long`` field (64-bit signed)."""
-        return self._typed(name, default, _parse_long)
+        value = self.ext_fields.get(name)
+        return self._absent(name, default) if value is None else _parse_long(name, value)
 
     @overload
     def get_bool(self, name: str) -> bool: ...
@@ -278,13 +280,8 @@ class RemotingCommand:
     def get_bool(self, name: str, default: object = _REQUIRED) -> object:
         """``"true"``/``"1"`` (any case) or ``"false"``/``"0"``: Java clients send the first
         spelling, the C++ client the second."""
-        return self._typed(name, default, _parse_bool)
-
-    def _typed(self, name: str, default: object, parse: Callable[[str, str], object]) -> object:
         value = self.ext_fields.get(name)
-        if value is None:
-            return self._absent(name, default)
-        return parse(name, value)
+        return self._absent(name, default) if value is None else _parse_bool(name, value)
 
     @staticmethod
     def _absent(name: str, default: object) -> object:
