@@ -560,7 +560,9 @@ class Broker:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                               f"message body size {len(m.body)} exceeds the maximum "
                               f"{self.config.max_message_size}")
-        if len(encode_properties(m.properties).encode()) > MAX_PROPERTIES_BYTES:
+        text = encode_properties(m.properties)
+        # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
+        if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                               f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 

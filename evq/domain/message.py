@@ -63,13 +63,19 @@ class PropertyError(ValueError):
 
 
 def encode_properties(props: Mapping[str, str]) -> str:
-    """``name\\x01value\\x02`` per entry, trailing separator kept as the C++ and JS clients do."""
-    parts: list[str] = []
-    for name, value in props.items():
-        if not name or _has_separator(name) or _has_separator(value):
-            raise PropertyError(f"property {name!r} contains a separator or is empty")
-        parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
-    return "".join(parts)
+    """``name\x01value\x02`` per entry, trailing separator kept as the C++ and JS clients do."""
+    if not props:
+        return ""
+    # Joined in C, then checked whole: each entry adds exactly one of each separator, so any
+    # other count means a name or value holds one, which the search below then names.
+    text = PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items()))
+    n = len(props)
+    if (text.count(NAME_VALUE_SEPARATOR) == n and text.count(PROPERTY_SEPARATOR) == n - 1
+            and "" not in props):
+        return text + PROPERTY_SEPARATOR
+    bad = next(name for name, value in props.items()
+               if not name or _has_separator(name) or _has_separator(value))
+    raise PropertyError(f"property {bad!r} contains a separator or is empty")
 
 
 def _has_separator(s: str) -> bool:

@@ -86,6 +86,7 @@ INT64 = struct.Struct(">q")
 INT16 = struct.Struct(">h")
 BLANK = struct.Struct(">ii")
 BATCH_HEAD = struct.Struct(">iiiii")
+_TOPIC_LEN = [bytes((n,)) for n in range(MAX_TOPIC_BYTES + 1)]  # the TOPIC length byte
 
 
 class RecordError(ValueError):
@@ -139,6 +140,16 @@ def _encode(m: Message) -> bytearray:
     crc = body_crc(body)
     born, store = host_bytes(m.born_host), host_bytes(m.store_host)
     size = 84 + len(born) + len(store) - 16 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
+    tail = _TOPIC_LEN[len(topic)] + topic + INT16.pack(len(props)) + props
+    if not flags & (sf.BORNHOST_V6 | sf.STOREHOST_V6):
+        # The common case in one pack: the whole fixed part is a single struct (see above).
+        out = bytearray(HEADER_V4.pack(
+            size, MAGIC_V1, crc, m.queue_id, m.flag, m.queue_offset, m.commit_log_offset,
+            flags, m.born_timestamp, born, m.store_timestamp, store, m.reconsume_times,
+            m.prepared_transaction_offset, len(body)))
+        out += body
+        out += tail
+        return out
     out = bytearray(size)
     PREFIX.pack_into(
         out, 0, size, MAGIC_V1, crc, m.queue_id, m.flag, m.queue_offset,
@@ -154,12 +165,7 @@ def _encode(m: Message) -> bytearray:
     struct.pack_into(">iqi", out, pos, m.reconsume_times, m.prepared_transaction_offset, len(body))
     pos += 16
     out[pos : pos + len(body)] = body
-    pos += len(body)
-    out[pos] = len(topic)
-    out[pos + 1 : pos + 1 + len(topic)] = topic
-    pos += 1 + len(topic)
-    INT16.pack_into(out, pos, len(props))
-    out[pos + 2 :] = props
+    out[pos + len(body) :] = tail
     return out
 
 
@@ -304,13 +310,15 @@ def parse_offset_msg_id(msg_id: str) -> tuple[Host, int]:
 # --- what the log appends ----------------------------------------------------------------
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class PutRecord:
     """One encoded record ready for :meth:`evq.domain.log.MessageLog.append`.
 
     The broker knows the routing facts when it encodes, so it hands them over instead of making
     the log parse its own bytes on the hot path; recovery and replication re-derive the same
-    facts from the bytes with :func:`read_fields`.
+    facts from the bytes with :func:`read_fields`.  Not frozen, though nothing changes it: one
+    is built per message sent, and a frozen class's ``__init__`` sets each field through
+    ``object.__setattr__``, which cost as much as encoding the record.
     """
 
     data: bytes | bytearray
@@ -319,13 +327,14 @@ class PutRecord:
     sysflag: int
     tags_code: int
     keys: tuple[str, ...]
-    # Hashed here, when the record is built, so the index does no hashing under the put lock.
-    key_hashes: tuple[int, ...] = attrs.field(
-        init=False,
-        default=attrs.Factory(
-            lambda self: tuple(index_key_hash(self.topic, k) for k in self.keys), takes_self=True
-        ),
-    )
+    # Hashed when the record is built (see put_record), so the index does no hashing under
+    # the put lock.
+    key_hashes: tuple[int, ...] = attrs.field(init=False)
+
+    @key_hashes.default
+    def _hash_keys(self) -> tuple[int, ...]:
+        topic = self.topic
+        return tuple([index_key_hash(topic, k) for k in self.keys]) if self.keys else ()
 
 
 TagsCodeFn = Callable[[str, Mapping[str, str], int], int]

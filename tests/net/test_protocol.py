@@ -435,3 +435,22 @@ def test_huge_numeric_text_is_a_field_error_not_a_crash() -> None:
         cmd.get_long("n")
     with pytest.raises(ProtocolError):
         decode_all(frame(b'{"code":1,"opaque":"' + b"9" * 10_000 + b'"}'))
+
+
+@pytest.mark.parametrize("header", [
+    b'{"code":11,"opaque":1,"extFields":{"k":"\\ud800x"}}',  # lone surrogate escape
+    b'{"code":11,"opaque":1,"extFields":{"k":123456789012345678901234567890}}',  # past 64 bits
+    b'{"code":11,"opaque":1,"extFields":{"k":-9223372036854775809,"f":1.5e300}}',
+    b'{"code":11,"opaque":1,"extFields":{"k":NaN}}',
+    b'{"code":11,"opaque":1,"remark":"caf\\u00e9 \\ud83d\\ude00","extFields":{"k":"\\u00e9"}}',
+])
+def test_json_headers_read_as_the_json_module_reads_them(header: bytes) -> None:
+    """orjson reads most headers; where it would read one differently (big integers become
+    floats) or not at all, the json module's reading stands, and the answer goes out ASCII."""
+    cmd = decode_one(frame(header))
+    raw = json.loads(header)
+    assert cmd.remark == raw.get("remark")
+    assert cmd.ext_fields == {k: str(v) for k, v in raw["extFields"].items()}
+    answer = cmd.response(fields=cmd.ext_fields, remark=cmd.remark).encode()
+    assert answer[8:].isascii()
+    assert decode_one(answer).ext_fields == cmd.ext_fields

@@ -41,10 +41,10 @@ def answer(ctx: BrokerContext, cmd: RemotingCommand, r: PullResult) -> RemotingC
         stats.pulls_found += 1
     else:
         stats.pulls_missed += 1
-    return cmd.response(r.code, r.status.value, {
-        "suggestWhichBrokerId": r.suggest_which_broker_id,
-        "nextBeginOffset": r.next_begin_offset,
-        "minOffset": r.min_offset, "maxOffset": r.max_offset,
+    return cmd.response(r.code, r.status.value, {  # strings already: no coercion per field
+        "suggestWhichBrokerId": str(r.suggest_which_broker_id),
+        "nextBeginOffset": str(r.next_begin_offset),
+        "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset),
     }, b"".join(r.records))
 
 

@@ -40,9 +40,10 @@ def is_batch(h: RemotingCommand) -> bool:
     return h.code == RequestCode.SEND_BATCH_MESSAGE or h.get_bool("batch", False)
 
 
-def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
-    """The request's messages; a batch is decoded (and inflated) here, so this runs off the
-    loop for large bodies (see :func:`evq.net.execution.sized`)."""
+def messages_of(conn: Connection, h: RemotingCommand, batch: bool) -> list[Message]:
+    """The request's messages (``batch``: :func:`is_batch` of ``h``); a batch is decoded (and
+    inflated) here, so this runs off the loop for large bodies (see
+    :func:`evq.net.execution.sized`)."""
     topic = h.get_str("topic")
     queue_id = h.get_int("queueId")
     sysflag = h.get_int("sysFlag")
@@ -50,7 +51,7 @@ def messages_of(conn: Connection, h: RemotingCommand) -> list[Message]:
     flag = h.get_int("flag", 0)
     reconsume = h.get_int("reconsumeTimes", 0)
     born_host = parse_host(conn.peer)
-    if is_batch(h):
+    if batch:
         if len(topic) > tp.MAX_TOPIC_LENGTH:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
         body = h.body
@@ -105,9 +106,10 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = v1_header(cmd)
+        batch = is_batch(h)
         # A single message's body is taken as it is; a batch's is decoded, maybe inflated.
-        work = len(h.body) if is_batch(h) else 0
-        messages = await execution.sized(work, messages_of, conn, h)
+        work = len(h.body) if batch else 0
+        messages = await execution.sized(work, messages_of, conn, h, batch)
         wait = waits_for_store(messages)  # read before the broker routes (and strips) WAIT
         max_reconsume = (h.get_int("maxReconsumeTimes", None)
                          if h.version >= 121 else None)  # V3_4_9: Java's rule
@@ -132,9 +134,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.stats.puts_refused += 1
         if not result.appended or result.appended[0].physical_offset < 0:
             return cmd.response(result.code, ctx.core.refusal_remark(result.status))
-        return cmd.response(result.code, None, {
-            "msgId": result.msg_id, "queueId": result.queue_id,
-            "queueOffset": result.queue_offset, "MSG_REGION": "DefaultRegion",
+        return cmd.response(result.code, None, {  # strings already: no coercion per field
+            "msgId": result.msg_id, "queueId": str(result.queue_id),
+            "queueOffset": str(result.queue_offset), "MSG_REGION": "DefaultRegion",
             "TRACE_ON": "true",
         })
 
