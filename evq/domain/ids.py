@@ -20,22 +20,36 @@ import threading
 
 _counter = itertools.count()
 _lock = threading.Lock()
-_prefix_cache: dict[tuple[str, int], bytes] = {}
+_prefix_cache: dict[str, bytes] = {}
+# A forked child gets prefixes of its own (its pid is in them): the cache starts empty there.
+os.register_at_fork(after_in_child=_prefix_cache.clear)
+_month: tuple[int, int] = (0, -1)
+"""``[start, end)`` in epoch ms of the month of the last key: keys count ms since the month
+began, and working that out through ``datetime`` cost more than the rest of the key."""
 
 
 def _prefix(ip: str) -> bytes:
-    pid = os.getpid()  # re-read so a forked child does not reuse its parent's prefix
-    key = (ip, pid)
-    if key not in _prefix_cache:
+    if ip not in _prefix_cache:
         parts = bytes(int(p) for p in ip.split(".")) if ip.count(".") == 3 else b"\x7f\0\0\1"
-        _prefix_cache[key] = parts + (pid & 0xFFFF).to_bytes(2, "big") + secrets.token_bytes(4)
-    return _prefix_cache[key]
+        _prefix_cache[ip] = parts + (os.getpid() & 0xFFFF).to_bytes(2, "big") + \
+            secrets.token_bytes(4)
+    return _prefix_cache[ip]
+
+
+def _month_start(now_ms: int) -> int:
+    global _month
+    start, end = _month  # one tuple: another thread may replace it, never half of it
+    if start <= now_ms < end:
+        return start
+    first = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0)
+    following = (first + dt.timedelta(days=32)).replace(day=1)
+    _month = (int(first.timestamp() * 1000), int(following.timestamp() * 1000))
+    return _month[0]
 
 
 def new_uniq_key(now_ms: int, ip: str = "127.0.0.1") -> str:
-    start = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).replace(
-        day=1, hour=0, minute=0, second=0, microsecond=0)
-    since = (now_ms - int(start.timestamp() * 1000)) & 0xFFFFFFFF
+    since = (now_ms - _month_start(now_ms)) & 0xFFFFFFFF
     with _lock:
         n = next(_counter) & 0xFFFF
     return (_prefix(ip) + since.to_bytes(4, "big") + n.to_bytes(2, "big")).hex().upper()
