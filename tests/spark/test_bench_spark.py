@@ -10,7 +10,7 @@ from tests.processes import run_evq
 
 FIGURES = ("fill_msgs_per_s", "pull_floor_msgs_per_s", "count_rows_per_s",
            "groupby_rows_per_s", "write_rows_per_s", "count_floor_ratio",
-           "groupby_floor_ratio")
+           "groupby_floor_ratio", "write_fill_ratio")
 
 
 def test_bench_spark_json_has_every_figure(tmp_path: Path) -> None:
