@@ -46,7 +46,7 @@ from pyspark.sql.types import (
 from evq.client.pulling import restore_topic
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
-from evq.domain.filters import parse_subscription
+from evq.domain.filters import Subscription, parse_subscription
 from evq.domain.message import KEY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop
 from evq.domain.record import (
     INT32,
@@ -106,16 +106,15 @@ class BatchMaker:
     body_as: BodyAs
     json_value: Convert | None
     json_fast: bool
-    expression: str
-    expression_type: str
+    sub: Subscription
 
     @classmethod
     def of(cls, opts: SourceOptions, schema: StructType, broker: str) -> BatchMaker:
         value = schema["value"].dataType if opts.body_as is BodyAs.JSON else None
         return cls(arrow_schema(schema), broker, opts.body_as,
                    None if value is None else json_converter(value),
-                   value is not None and json_exact(value), opts.expression,
-                   opts.expression_type)
+                   value is not None and json_exact(value),
+                   parse_subscription("T", opts.expression, opts.expression_type))
 
     def batch(self, block: bytes, end: int) -> pa.RecordBatch:
         """The rows of ``block``'s records below queue offset ``end`` that the subscription
@@ -131,10 +130,9 @@ class BatchMaker:
         if built is None:
             return self._by_message(block, end)
         keep = head["queue_offset"] < end
-        sub = parse_subscription("T", self.expression, self.expression_type)
-        if not sub.matches_all:
+        if not self.sub.matches_all:
             tags, props = built.column("tags").to_pylist(), built.column("properties")
-            keep &= np.array([sub.matches(t, dict(p)) for t, p in
+            keep &= np.array([self.sub.matches(t, dict(p)) for t, p in
                               zip(tags, props.to_pylist(), strict=True)], dtype=bool)
         return built if keep.all() else built.filter(pa.array(keep))
 
@@ -200,7 +198,7 @@ class BatchMaker:
 
     def _json(self, body: pa.BinaryArray, offsets: np.ndarray, data: np.ndarray) -> pa.Array:
         kind = self.arrow.field("value").type
-        if self.json_fast and _one_line_objects(offsets, data):
+        if self.json_fast and _one_line_objects(offsets, data) and _valid_utf8(body):
             lines = np.insert(data, offsets[1:-1], ord("\n")).tobytes()
             try:
                 table = pj.read_json(io.BytesIO(lines),
@@ -208,7 +206,7 @@ class BatchMaker:
                                      parse_options=pj.ParseOptions(
                                          explicit_schema=pa.schema(list(kind)),
                                          unexpected_field_behavior="ignore"))
-            except pa.ArrowInvalid:
+            except ValueError:  # pa.ArrowInvalid among them
                 pass  # a value the reader refuses: the lenient rules decide, body by body
             else:
                 if table.num_rows == len(body):
@@ -224,10 +222,9 @@ class BatchMaker:
 
     def _by_message(self, block: bytes, end: int) -> pa.RecordBatch:
         """The block message by message, for records the column path does not take."""
-        sub = parse_subscription("T", self.expression, self.expression_type)
         rows = [to_row(m, self.broker, self.body_as, self.json_value)
                 for m in map(restore_topic, iter_records(block))
-                if m.queue_offset < end and sub.matches(m.tags, m.properties)]
+                if m.queue_offset < end and self.sub.matches(m.tags, m.properties)]
         values = list(zip(*rows, strict=True)) or [[] for _ in self.arrow]
         return pa.RecordBatch.from_arrays(
             [pa.array(v, type=f.type) for v, f in zip(values, self.arrow, strict=True)],
@@ -329,6 +326,16 @@ def _hosts(packed: np.ndarray) -> pa.StringArray:
     names = pa.array([_host(_host_from(int(h).to_bytes(8, "big"))) for h in distinct.tolist()],
                      type=pa.string())
     return names.take(pa.array(index.astype(np.int32)))
+
+
+def _valid_utf8(body: pa.BinaryArray) -> bool:
+    """Whether every body is UTF-8 (pyarrow's JSON reader passes other bytes through into its
+    strings, where ``json.loads`` refuses the body)."""
+    try:
+        body.cast(pa.string())
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _text(body: pa.BinaryArray) -> pa.StringArray:

@@ -85,13 +85,15 @@ def test_columns_equal_the_rows_of_each_message(makers: dict[str, BatchMaker],
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(docs=st.lists(json_docs | clean_docs, min_size=1, max_size=8),
-       pretty=st.booleans(), garbage=st.booleans())
+       pretty=st.booleans(), garbage=st.sampled_from([b"", b"not json", b'{"name": "\xff"}']))
 def test_json_values_equal_the_lenient_conversion(makers: dict[str, BatchMaker],
                                                   docs: list[dict[str, Any]], pretty: bool,
-                                                  garbage: bool) -> None:
+                                                  garbage: bytes) -> None:
+    """Bodies the reader takes, values it refuses, and bodies that are not JSON (or not
+    UTF-8) in one block."""
     bodies = [json.dumps(d, indent=1 if pretty else None).encode() for d in docs]
     if garbage:
-        bodies.append(b"not json")
+        bodies.append(garbage)
     msgs = [new_message("T", b) for b in bodies]
     for i, m in enumerate(msgs):
         m.queue_offset, m.born_host, m.store_host = i, ("10.0.0.1", 1), ("10.0.0.2", 2)
