@@ -11,6 +11,9 @@ first-day user starts it) with its store in a scratch directory:
   not decoded: the rate the broker serves, which no reader of the topic can beat;
 * **count**: ``spark.read.format("evq")...load().count()`` on ``local[2]`` (after one untimed
   run of the same query, so the JVM, the Python workers and the broker's page cache are warm);
+* **Spark floor**: the same ``count()`` over :mod:`evq.bench.spark_floor`, a source that
+  yields one batch the ``evq`` format made from the topic, over and over: Spark's own cost
+  per row of a Python source, which the ``evq`` format pays as well;
 * **groupBy**: ``bodyAs=json`` with a three-field ``bodySchema``, grouped by one JSON field;
 * **write**: ``messages`` rows (``body`` a JSON string) written with ``df.write.format("evq")``
   to a second topic, the rows read back and counted; its floor is the fill's rate (the same
@@ -87,12 +90,17 @@ class SparkBenchResult:
     fill_msgs_per_s: float
     pull_floor_msgs_per_s: float
     count_rows_per_s: float
+    spark_floor_rows_per_s: float
     groupby_rows_per_s: float
     write_rows_per_s: float
 
     @property
     def count_floor_ratio(self) -> float:
         return self.count_rows_per_s / self.pull_floor_msgs_per_s
+
+    @property
+    def count_spark_floor_ratio(self) -> float:
+        return self.count_rows_per_s / self.spark_floor_rows_per_s
 
     @property
     def groupby_floor_ratio(self) -> float:
@@ -105,6 +113,7 @@ class SparkBenchResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "count_floor_ratio": round(self.count_floor_ratio, 3),
+                "count_spark_floor_ratio": round(self.count_spark_floor_ratio, 3),
                 "groupby_floor_ratio": round(self.groupby_floor_ratio, 3),
                 "write_fill_ratio": round(self.write_fill_ratio, 3)}
 
@@ -114,6 +123,7 @@ def format_report(r: SparkBenchResult) -> str:
         ("fill (send_batch)", r.fill_msgs_per_s, None),
         ("broker pull floor", r.pull_floor_msgs_per_s, None),
         ("spark count()", r.count_rows_per_s, r.count_floor_ratio),
+        ("spark floor count()", r.spark_floor_rows_per_s, None),
         ("spark JSON groupBy", r.groupby_rows_per_s, r.groupby_floor_ratio),
         ("spark write", r.write_rows_per_s, r.write_fill_ratio),
     ]
@@ -123,6 +133,8 @@ def format_report(r: SparkBenchResult) -> str:
         share = "" if ratio is None else f"{ratio:.2f}"
         lines.append(f"{name:<22}{rate:>12,.0f}{share:>10}")
     lines.append("floor: the broker's pull rate for reads, the fill's send rate for the write")
+    lines.append(f"spark count() is {r.count_spark_floor_ratio:.2f} of the Spark floor (a "
+                 "Python source yielding one prepared batch)")
     return "\n".join(lines)
 
 
@@ -140,6 +152,8 @@ def run_spark_bench(opts: SparkBenchOptions) -> SparkBenchResult:
             reader = (spark.read.format("evq").option("namesrv", namesrv)
                       .option("topic", READ_TOPIC))
             count = _rows_per_s(opts.messages, lambda: reader.load().count())
+            spark_floor = _spark_floor(spark, namesrv, reader.load().schema, root,
+                                       opts.messages)
             grouped = reader.option("bodyAs", "json").option("bodySchema", BODY_SCHEMA)
             groupby = _rows_per_s(opts.messages, lambda: sum(
                 r["count"] for r in grouped.load().groupBy("value.kind").count().collect()))
@@ -147,7 +161,8 @@ def run_spark_bench(opts: SparkBenchOptions) -> SparkBenchResult:
     return SparkBenchResult(
         messages=opts.messages, batch=opts.batch, master=opts.master,
         pyspark=pyspark.__version__, fill_msgs_per_s=fill, pull_floor_msgs_per_s=floor,
-        count_rows_per_s=count, groupby_rows_per_s=groupby, write_rows_per_s=write)
+        count_rows_per_s=count, spark_floor_rows_per_s=spark_floor,
+        groupby_rows_per_s=groupby, write_rows_per_s=write)
 
 
 def _body(i: int) -> bytes:
@@ -203,6 +218,29 @@ def _rows_per_s(expected: int, query: Callable[[], int]) -> float:
         if got != expected:
             raise BenchError(f"a Spark query counted {got} rows, expected {expected}")
     return expected / elapsed
+
+
+def _spark_floor(spark: Any, namesrv: str, schema: Any, root: Path, rows: int) -> float:
+    from evq.bench.spark_floor import FORMAT, FloorSource, save_batch
+    from evq.spark.access import LiveAccess
+    from evq.spark.columns import BatchMaker
+    from evq.spark.options import parse_source
+
+    opts = parse_source({"namesrv": namesrv, "topic": READ_TOPIC}, streaming=False)
+    access = LiveAccess(namesrv)
+    try:
+        queues = access.queues(opts)
+        queue = queues[0]
+        lo, hi = access.bounds(queue)
+        block = next(access.read_blocks(queue, lo, hi))
+    finally:
+        access.close()
+    path = root / "floor.arrow"
+    save_batch(BatchMaker.of(opts, schema, queue[1]).batch(block, hi), path)
+    spark.dataSource.register(FloorSource)
+    floor = (spark.read.format(FORMAT).option("path", str(path)).option("rows", str(rows))
+             .option("partitions", str(len(queues))))
+    return _rows_per_s(rows, lambda: floor.load().count())
 
 
 def _write(spark: Any, namesrv: str, n: int) -> float:

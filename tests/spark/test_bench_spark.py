@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.processes import run_evq
 
 FIGURES = ("fill_msgs_per_s", "pull_floor_msgs_per_s", "count_rows_per_s",
+           "spark_floor_rows_per_s", "count_spark_floor_ratio",
            "groupby_rows_per_s", "write_rows_per_s", "count_floor_ratio",
            "groupby_floor_ratio", "write_fill_ratio")
 
