@@ -428,6 +428,57 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- evq bench spark ------------------------------------------------------------------------
+
+
+def _add_bench_spark(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "spark",
+        help="the Spark format's read and write rates against the broker's pull rate",
+        description=(
+            "Start evq serve in a child process, fill a topic with small JSON messages "
+            "(batch sends), measure the rate the broker serves them to a plain pulling "
+            "client, then time a Spark count() and a JSON groupBy over the topic and a Spark "
+            "write of as many rows (needs the 'spark' extra)."
+        ),
+    )
+    p.add_argument("--messages", type=_positive_int, default=200_000,
+                   help="messages of the topic read, rows written (default: 200000)")
+    p.add_argument("--batch", type=_positive_int, default=32,
+                   help="messages per send_batch while filling (default: 32)")
+    p.add_argument("--master", default="local[2]",
+                   help="the Spark master (default: local[2])")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the broker's store and Spark's files "
+                        "(default: a temporary directory), removed after")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_spark, log_level_default="warning")
+
+
+def _cmd_bench_spark(args: argparse.Namespace) -> int:
+    from evq.bench.spark import SparkBenchOptions, format_report, run_spark_bench
+
+    try:
+        opts = SparkBenchOptions(messages=args.messages, batch=args.batch, master=args.master,
+                                 data=args.data)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_spark_bench(opts)
+    words = [PROG, "bench", "spark", "--messages", str(args.messages), "--batch",
+             str(args.batch), "--master", args.master]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    if args.json:
+        words.append("--json")
+    rerun = shlex.join(words)
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
+
+
 # --- evq broker ------------------------------------------------------------------------------
 
 
@@ -828,6 +879,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_ha(benches)
     _add_bench_recovery(benches)
     _add_bench_compare(benches)
+    _add_bench_spark(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

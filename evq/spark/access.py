@@ -28,14 +28,12 @@ from typing import Final, Protocol
 from evq import logs
 from evq.admin.operations import Admin, AdminError
 from evq.client.blocking import LoopThread
+from evq.client.errors import BrokerRefused
 from evq.client.offsets import max_offset, min_offset, offset_for_time
-from evq.client.pulling import PullStatus, Subscription, parse_pull, pull_request
+from evq.client.pulling import PullStatus, Subscription, pull_request
 from evq.domain import topics as tp
-from evq.domain.filters import parse_subscription
 from evq.domain.log import LogLocked, MessageLog
-from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
-from evq.domain.record import decode
 from evq.net.security import ClientSecurity
 from evq.spark.options import OptionError, QueueKey, SourceOptions
 
@@ -43,14 +41,18 @@ log = logs.get_logger(__name__)
 
 READER_GROUP: Final = "evq-spark-reader"
 """The group live reads pull with; it never commits, so it moves no consumer's offsets."""
-PULL_BATCH: Final = 64
+PULL_BATCH: Final = 256
+"""Records per store read offline (the log also stops at about 256 KiB)."""
+LIVE_PULL_BATCH: Final = 1024
+"""Messages per pull: the most a broker answers (it also stops at about 256 KiB); each answer
+becomes one Arrow batch, so fewer, larger pulls mean less work per row on both sides."""
 
 
 class QueueAccess(Protocol):
     def queues(self, opts: SourceOptions) -> list[QueueKey]: ...
     def bounds(self, queue: QueueKey) -> tuple[int, int]: ...
     def offset_for_time(self, queue: QueueKey, timestamp_ms: int) -> int: ...
-    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]: ...
+    def read_blocks(self, queue: QueueKey, start: int, end: int) -> Iterator[bytes]: ...
     def close(self) -> None: ...
 
 
@@ -59,14 +61,6 @@ def open_access(opts: SourceOptions) -> QueueAccess:
         return LiveAccess(opts.namesrv, opts.security.client_security())
     assert opts.path is not None
     return StoreAccess(opts.path, opts.backend, opts.broker_name, opts.lock_wait_s)
-
-
-def selected(opts: SourceOptions, msgs: Iterator[Message]) -> Iterator[Message]:
-    """The messages the ``tags`` / ``filter`` option lets through."""
-    sub = parse_subscription("T", opts.expression, opts.expression_type)
-    if sub.matches_all:
-        return msgs
-    return (m for m in msgs if sub.matches(m.tags, m.properties))
 
 
 def _user_topics(opts: SourceOptions, known: list[str]) -> list[str]:
@@ -107,25 +101,31 @@ class LiveAccess:
         addr, mq = self._where(queue)
         return self._thread.run(offset_for_time(self._admin.pool, addr, mq, timestamp_ms))
 
-    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]:
+    def read_blocks(self, queue: QueueKey, start: int, end: int) -> Iterator[bytes]:
+        """Pull answers' bodies: stored records back to back, from ``start`` until a record
+        at ``end`` or past it has been seen (the last block may hold records past ``end``)."""
         addr, mq = self._where(queue)
         sub = Subscription(mq.topic)
         offset = start
         while offset < end:
             cmd = pull_request(READER_GROUP, mq, offset, sub,
-                               max_nums=min(PULL_BATCH, end - offset), suspend_ms=0)
-            result = parse_pull(self._thread.run(self._admin.pool.invoke(addr, cmd)), sub)
-            if result.status is not PullStatus.FOUND:
-                if result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset > offset:
-                    offset = result.next_begin_offset
+                               max_nums=min(LIVE_PULL_BATCH, end - offset), suspend_ms=0)
+            answer = self._thread.run(self._admin.pool.invoke(addr, cmd))
+            try:
+                status = PullStatus(answer.code)
+            except ValueError:
+                raise BrokerRefused(answer.code, answer.remark, "pull") from None
+            next_offset = answer.get_long("nextBeginOffset")
+            if status is not PullStatus.FOUND:
+                if status is PullStatus.NO_MATCHED_MSG and next_offset > offset:
+                    offset = next_offset
                     continue
                 raise OSError(f"{mq.topic}:{mq.broker_name}:{mq.queue_id} has no messages "
-                              f"{offset}..{end - 1} any more ({result.status.name}; the queue "
-                              f"holds {result.min_offset}..{result.max_offset - 1})")
-            for m in result.messages:
-                if m.queue_offset < end:
-                    yield m
-            offset = result.next_begin_offset
+                              f"{offset}..{end - 1} any more ({status.name}; the queue holds "
+                              f"{answer.get_long('minOffset', 0)}.."
+                              f"{answer.get_long('maxOffset', 0) - 1})")
+            yield answer.body
+            offset = next_offset
 
     def _where(self, queue: QueueKey) -> tuple[str, MessageQueue]:
         topic, broker, qid = queue
@@ -199,7 +199,8 @@ class StoreAccess:
     def offset_for_time(self, queue: QueueKey, timestamp_ms: int) -> int:
         return self._log.offset_for_time(queue[0], queue[2], timestamp_ms)
 
-    def read(self, queue: QueueKey, start: int, end: int) -> Iterator[Message]:
+    def read_blocks(self, queue: QueueKey, start: int, end: int) -> Iterator[bytes]:
+        """The records of ``[start, end)``, a read's worth joined into one block."""
         topic, _, qid = queue
         offset = start
         while offset < end:
@@ -211,9 +212,8 @@ class StoreAccess:
                 raise OSError(f"the store at {self.path} {_here()} holds {topic}:{qid} only "
                               f"up to offset {offset}, but the read was planned up to {end}; "
                               f"{EVERY_EXECUTOR}")
-            for view, qo in zip(r.records, r.queue_offsets, strict=True):
-                if qo < end:
-                    yield decode(view)
+            yield b"".join(view for view, qo in zip(r.records, r.queue_offsets, strict=True)
+                           if qo < end)
             offset = r.queue_offsets[-1] + 1
 
     def close(self) -> None:

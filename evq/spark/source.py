@@ -18,8 +18,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
@@ -30,7 +32,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import Row, StructType
 
 from evq import logs
-from evq.spark.access import QueueAccess, open_access, selected
+from evq.spark.access import QueueAccess, open_access
+from evq.spark.columns import BatchMaker
 from evq.spark.options import (
     BodyAs,
     Offsets,
@@ -45,7 +48,7 @@ from evq.spark.options import (
     parse_source,
 )
 from evq.spark.planning import Slice, limit, slices
-from evq.spark.schema import json_converter, schema_ddl, to_row
+from evq.spark.schema import schema_ddl
 from evq.spark.writing import send_rows
 
 log = logs.get_logger(__name__)
@@ -95,14 +98,14 @@ class SlicePartition(InputPartition):
         self.piece = piece
 
 
-def _read(opts: SourceOptions, schema: StructType, piece: Slice) -> Iterator[tuple[Any, ...]]:
-    json_value = (json_converter(schema["value"].dataType) if opts.body_as is BodyAs.JSON
-                  else None)
+def _read(opts: SourceOptions, schema: StructType, piece: Slice) -> Iterator[pa.RecordBatch]:
+    maker = BatchMaker.of(opts, schema, piece.queue[1])
     access = open_access(opts)
     try:
-        _, broker, _ = piece.queue
-        for m in selected(opts, access.read(piece.queue, piece.start, piece.end)):
-            yield to_row(m, broker, opts.body_as, json_value)
+        for block in access.read_blocks(piece.queue, piece.start, piece.end):
+            batch = maker.batch(block, piece.end)
+            if batch.num_rows:
+                yield batch
     finally:
         access.close()
 
@@ -137,7 +140,7 @@ class EvqBatchReader(DataSourceReader):
                  messages=sum(p.end - p.start for p in pieces))
         return [SlicePartition(p) for p in pieces]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SlicePartition)
         return _read(self.opts, self.schema, partition.piece)
 
@@ -222,7 +225,7 @@ class EvqStreamReader(DataSourceStreamReader):
                 access.close()
         return [SlicePartition(p) for p in slices(starts, ends, self.opts.partition_size)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SlicePartition)
         return _read(self.opts, self.schema, partition.piece)
 
@@ -241,12 +244,16 @@ class SentRows(WriterCommitMessage):
     messages: int
 
 
-class EvqWriter(DataSourceWriter):
+class EvqWriter(DataSourceArrowWriter):
+    """Takes the task's rows as Arrow batches: each batch becomes Python values in one call,
+    where Spark's row path builds a ``Row`` per row and the sink a dict from each."""
+
     def __init__(self, opts: Any) -> None:
         self.opts = opts
 
-    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
-        return SentRows(send_rows(self.opts, iterator))
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
+        return SentRows(send_rows(self.opts, (row for batch in iterator
+                                              for row in batch.to_pylist())))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         sent = sum(m.messages for m in messages if isinstance(m, SentRows))

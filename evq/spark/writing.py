@@ -34,7 +34,8 @@ def to_message(row: Mapping[str, Any], default_topic: str | None) -> Outgoing:
     if body is None:
         raise OptionError("body", f"a row for {topic!r} has no 'body'")
     data = body.encode() if isinstance(body, str) else bytes(body)
-    props = {str(k): str(v) for k, v in (row.get("properties") or {}).items()}
+    # a map column is a dict in a Row and a list of pairs in an Arrow batch's values
+    props = {str(k): str(v) for k, v in dict(row.get("properties") or {}).items()}
     msg = new_message(str(topic), data, tags=row.get("tags"), keys=row.get("keys"),
                       properties=props)
     queue_id = row.get("queueId")

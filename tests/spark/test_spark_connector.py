@@ -7,18 +7,20 @@ import datetime as dt
 import json
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import Row, SparkSession
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from evq.client.blocking import SyncProducer
 from evq.domain.message import new_message
 from evq.spark.options import offsets_from_json, parse_source
-from evq.spark.source import EvqStreamReader
+from evq.spark.source import EvqDataSource, EvqStreamReader
 from tests.client.conftest import Served
 from tests.processes import running_evq, wait_registered
 
@@ -238,7 +240,16 @@ def test_bad_options_fail_naming_the_option(spark: SparkSession, options: dict[s
 
 
 def stream_reader(**options: str) -> EvqStreamReader:
-    return EvqStreamReader(parse_source(options, streaming=True), StructType())
+    """The reader Spark makes, given the schema it parses from the source's DDL (which needs
+    a running session)."""
+    schema = StructType.fromDDL(EvqDataSource(options).schema())
+    return EvqStreamReader(parse_source(options, streaming=True), schema)
+
+
+def uniq_keys(reader: EvqStreamReader, partitions: Sequence[InputPartition]) -> list[str]:
+    """What the reader's tasks read, as Spark's executors would run them."""
+    return [key for p in partitions for batch in reader.read(p)
+            for key in batch.column("uniqKey").to_pylist()]
 
 
 def total(doc: dict[str, Any]) -> int:
@@ -251,7 +262,8 @@ def test_writes_append_and_refuse_to_overwrite(spark: SparkSession) -> None:
         df.write.format("evq").option("namesrv", "127.0.0.1:1").mode("overwrite").save()
 
 
-def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
+def test_latest_offset_with_spark_4_2_start_and_limit(spark: SparkSession,
+                                                     live: Served) -> None:
     produce(live.namesrv, "SpSig", 20)
     reader = stream_reader(namesrv=live.namesrv, topic="SpSig",
                            startingOffsets="earliest",
@@ -270,7 +282,8 @@ def test_latest_offset_with_spark_4_2_start_and_limit(live: Served) -> None:
     assert fresh.initialOffset() == start and total(end) == total(start) + 3
 
 
-def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
+def test_spark_4_0_restarts_read_every_message_once(spark: SparkSession,
+                                                    live: Served) -> None:
     """Spark 4.0's call order (MicroBatchExecution with a stream that has no admission
     control): ``latestOffset()``; the start is the checkpoint's or, on a fresh query,
     ``initialOffset()``; the previous batch's end is committed; then ``partitions(start,
@@ -291,7 +304,7 @@ def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
                 reader.commit(start)
             starts, ends = offsets_from_json(begin), offsets_from_json(end)
             assert all(ends[q] >= o for q, o in starts.items())
-            seen.extend(row[5] for p in reader.partitions(begin, end) for row in reader.read(p))
+            seen.extend(uniq_keys(reader, reader.partitions(begin, end)))
             start = end
         return start
 
@@ -301,8 +314,7 @@ def test_spark_4_0_restarts_read_every_message_once(live: Served) -> None:
     produce(live.namesrv, "SpRestart", 10, start=20)
 
     second = stream_reader(namesrv=live.namesrv, topic="SpRestart", **opts)
-    seen.extend(row[5] for p in second.partitions(committed, pending)
-                for row in second.read(p))
+    seen.extend(uniq_keys(second, second.partitions(committed, pending)))
     assert total(second.latestOffset()) - total(pending) <= 8  # on from the replayed batch
     second.commit(pending)
     committed = run(second, pending, 1)

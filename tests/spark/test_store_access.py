@@ -35,6 +35,6 @@ def test_a_store_that_ends_before_the_planned_offsets_fails_the_read(tmp_path: P
     try:
         with pytest.raises(OSError, match=r"holds T:0 only up to offset 0, but the read was "
                                           r"planned up to 5; .* every machine"):
-            list(store.read(("T", "broker-a", 0), 0, 5))
+            list(store.read_blocks(("T", "broker-a", 0), 0, 5))
     finally:
         store.close()
