@@ -181,9 +181,24 @@ def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="scratch directory for the stores (default: a temporary directory); "
                         "each run works in a fresh sub-directory and removes it")
+    p.add_argument("--scale", type=_message_counts, default=None, metavar="N,N,...",
+                   help="instead of the phases above: per-message cost of append, read and "
+                        "lookups in a store of each of these many messages (e.g. "
+                        "100000,1000000,10000000; flat is the goal)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead of the table (no progress bars)")
     p.set_defaults(handler=_cmd_bench_store, log_level_default="warning")
+
+
+def _message_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 100000,1000000"
+                                         ) from None
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError("message counts must be positive")
+    return counts
 
 
 def _rerun_line(words: list[str], args: argparse.Namespace) -> str:
@@ -211,6 +226,8 @@ def _bench_store_rerun(args: argparse.Namespace) -> str:
 def _cmd_bench_store(args: argparse.Namespace) -> int:
     from evq.bench.store import StoreBenchOptions, format_report, run_store_bench
 
+    if args.scale is not None:
+        return _bench_store_scale(args)
     try:
         opts = StoreBenchOptions(
             backend=args.backend, messages=args.messages, size=args.size,
@@ -228,6 +245,24 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     else:
         print(format_report(result))
         print(f"rerun: {rerun}")
+    return 0
+
+
+def _bench_store_scale(args: argparse.Namespace) -> int:
+    from evq.bench import scale
+
+    try:
+        opts = scale.ScaleOptions(backend=args.backend, sizes=args.scale, size=args.size,
+                                  batch=args.batch, lookups=args.lookups,
+                                  segment_size=args.segment_size, data=args.data,
+                                  progress=not args.json and sys.stderr.isatty())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    points = scale.run_scale(opts)
+    if args.json:
+        print(json.dumps(scale.as_dict(opts, points)))
+    else:
+        print(scale.format_report(opts, points), end="")
     return 0
 
 

@@ -219,3 +219,21 @@ def test_bench_recovery_times_a_crash_per_size(tmp_path: Path) -> None:
         assert run["seconds"] > 0
     assert result["ratio_largest_to_smallest"] == runs[1]["seconds"] / runs[0]["seconds"]
     assert list(tmp_path.iterdir()) == []  # the scratch stores are gone
+
+
+def test_bench_store_scale_reports_each_figure_by_size(tmp_path: Path) -> None:
+    proc = _evq("bench", "store", "--scale", "400,2000", "--lookups", "100", "--size", "64",
+                "--segment-size", "1048576", "--data", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert [p["messages"] for p in result["points"]] == [400, 2000]
+    for point in result["points"]:
+        assert point["key_misses"] == 0
+        for figure in ("append_us", "read_us", "key_lookup_us", "time_lookup_us"):
+            _positive(figure, point[figure])
+    for figure, values in result["ratios"].items():
+        assert values[0] == 1.0 and values[1] == (
+            result["points"][1][figure] / result["points"][0][figure]), figure
+    assert list(tmp_path.iterdir()) == []
+    bad = _evq("bench", "store", "--scale", "10,x")
+    assert bad.returncode == 2 and "not a list like 100000,1000000" in bad.stderr
