@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from evq.client.errors import ClientError, NotStarted, SendFailed
+from evq.client.errors import ClientError, NotStarted, RouteNotFound, SendFailed
 from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullStatus
@@ -21,11 +21,24 @@ from evq.domain.message import Message, Prop, new_message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
 
+ROUTE_WAIT_S = 10.0
+
+
+async def routed_queues(c: PullConsumer, topic: str) -> list[MessageQueue]:
+    """``topic``'s queues once the name servers route it: a send that created the topic made
+    the broker register it, and that registration may still be on its way."""
+    async with asyncio.timeout(ROUTE_WAIT_S):
+        while True:
+            try:
+                return await c.queues(topic)
+            except RouteNotFound:
+                await asyncio.sleep(0.05)  # the broker's registration, not yet arrived
+
 
 async def read_all(namesrv: str, topic: str, group: str = "G-read") -> list[Message]:
     async with PullConsumer(group, namesrv) as c:
         out: list[Message] = []
-        for q in await c.queues(topic):
+        for q in await routed_queues(c, topic):
             r = await c.pull(q, 0, 64)
             out += r.messages
         return out
@@ -122,7 +135,7 @@ async def test_delay_properties_are_sent(cluster: Served) -> None:
         await p.send(delayed(new_message("D", b"later"), 1))
         deliver_at(new_message("D", b"x"), 1)  # only sets the property
     async with PullConsumer("G-delay", cluster.namesrv) as c:
-        queues = await c.queues("D")
+        queues = await routed_queues(c, "D")
         await c.assign(queues)
         seen: list[Message] = []
         for _ in range(40):
@@ -142,7 +155,7 @@ async def test_a_deliver_at_message_is_delivered_at_its_time(cluster: Served) ->
         await p.send(deliver_at(new_message("DA", b"at"), when))
     got: list[Message] = []
     async with PullConsumer("G-da", cluster.namesrv) as c:
-        queues = await c.queues("DA")
+        queues = await routed_queues(c, "DA")
         await c.assign(queues)
         async with asyncio.timeout(15):
             while not any(m.payload() == b"at" for m in got):
@@ -160,7 +173,7 @@ async def test_pull_consumer_commit_and_seek(cluster: Served) -> None:
         for i in range(4):
             await p.send_orderly(new_message("PC", b"%d" % i), "k")
     async with PullConsumer("G-pc", cluster.namesrv) as c:
-        q = order_queue(await c.queues("PC"), "k")
+        q = order_queue(await routed_queues(c, "PC"), "k")
         assert await c.committed(q) in (-1, 0)
         await c.assign([q])
         r = await c.poll(q, 2)
