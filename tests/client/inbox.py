@@ -6,9 +6,11 @@ import asyncio
 import time
 
 from evq.client.consumer import ConsumeResult
+from evq.client.errors import RouteNotFound
 from evq.client.producer import Producer
 from evq.client.pull_consumer import PullConsumer
 from evq.domain.message import Message, new_message
+from evq.domain.queues import MessageQueue
 
 
 class Inbox:
@@ -48,6 +50,20 @@ async def send_keyed(namesrv: str, topic: str, bodies: list[bytes], keys: list[s
             await p.send_orderly(new_message(topic, body), key)
 
 
+ROUTE_WAIT_S = 10.0
+
+
+async def routed_queues(c: PullConsumer, topic: str) -> list[MessageQueue]:
+    """``topic``'s queues once the name servers route it: a send that created the topic made
+    the broker register it, and that registration may still be on its way."""
+    async with asyncio.timeout(ROUTE_WAIT_S):
+        while True:
+            try:
+                return await c.queues(topic)
+            except RouteNotFound:
+                await asyncio.sleep(0.05)  # the broker's registration, not yet arrived
+
+
 OLD = [b"old-%d" % i for i in range(4)]
 NEW = [b"new-%d" % i for i in range(4)]
 
@@ -58,7 +74,8 @@ async def old_then_new(namesrv: str, topic: str) -> int:
     await produce(namesrv, topic, OLD)
     async with PullConsumer("PEEK", namesrv, auto_commit=False) as pc:
         async def stored() -> list[Message]:
-            return [m for q in await pc.queues(topic) for m in (await pc.pull(q, 0)).messages]
+            return [m for q in await routed_queues(pc, topic)
+                    for m in (await pc.pull(q, 0)).messages]
         last_old = max(m.store_timestamp for m in await stored())
         while time.time_ns() // 1_000_000 <= last_old:
             await asyncio.sleep(0.001)

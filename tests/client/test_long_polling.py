@@ -16,7 +16,7 @@ from evq.client.pull_consumer import PullConsumer
 from evq.domain.message import new_message
 from evq.net.codes import RequestCode
 from tests.client.conftest import Served
-from tests.client.inbox import Inbox
+from tests.client.inbox import Inbox, routed_queues
 from tests.client.relay import Relay, relay
 
 HOLD_MS = 10_000
@@ -49,7 +49,7 @@ async def test_a_parked_poll_is_answered_when_the_message_arrives(cluster: Serve
         await producer.send_to_queue(new_message("LP1", b"before"), 0)
         async with (through_relays(cluster) as (namesrv, to_broker),
                     PullConsumer("G-lp1", namesrv, auto_commit=False) as pc):
-            queue = (await pc.queues("LP1"))[0]
+            queue = (await routed_queues(pc, "LP1"))[0]
             await pc.assign([queue])
             await pc.seek_to_end(queue)
             polling = asyncio.create_task(pc.poll(queue, wait_ms=HOLD_MS))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from evq.client.errors import ClientError, NotStarted, RouteNotFound, SendFailed
+from evq.client.errors import ClientError, NotStarted, SendFailed
 from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullStatus
@@ -20,19 +20,7 @@ from evq.domain.hashing import java_hash
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
-
-ROUTE_WAIT_S = 10.0
-
-
-async def routed_queues(c: PullConsumer, topic: str) -> list[MessageQueue]:
-    """``topic``'s queues once the name servers route it: a send that created the topic made
-    the broker register it, and that registration may still be on its way."""
-    async with asyncio.timeout(ROUTE_WAIT_S):
-        while True:
-            try:
-                return await c.queues(topic)
-            except RouteNotFound:
-                await asyncio.sleep(0.05)  # the broker's registration, not yet arrived
+from tests.client.inbox import routed_queues
 
 
 async def read_all(namesrv: str, topic: str, group: str = "G-read") -> list[Message]:

@@ -9,7 +9,7 @@ from evq.client.pull_consumer import PullConsumer
 from evq.domain.message import Message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
-from tests.client.inbox import NEW, OLD, old_then_new, produce
+from tests.client.inbox import NEW, OLD, old_then_new, produce, routed_queues
 
 
 async def committed_total(namesrv: str, group: str, queues: list[MessageQueue]) -> int:
@@ -47,7 +47,7 @@ async def test_subscribed_members_split_the_topic_and_commit_on_close(cluster: S
 async def test_seek_to_a_timestamp_and_to_the_beginning(cluster: Served) -> None:
     at = await old_then_new(cluster.namesrv, "PS2")
     async with PullConsumer("GPS2", cluster.namesrv, auto_commit=False) as pc:
-        queues = await pc.queues("PS2")
+        queues = await routed_queues(pc, "PS2")
         await pc.assign(queues)
         for q in queues:
             await pc.seek_to_end(q)
