@@ -24,7 +24,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from evq import logs
 from evq.admin.commands import add_admin, add_namesrv_flag
@@ -203,14 +203,26 @@ def _message_counts(text: str) -> tuple[int, ...]:
 
 def _rerun_line(words: list[str], args: argparse.Namespace) -> str:
     """The command line that repeats a benchmark run: its own words, then the options the
-    store and net benchmarks share."""
-    if args.segment_size is not None:
+    benchmarks share (``--segment-size`` where the benchmark has it)."""
+    if getattr(args, "segment_size", None) is not None:
         words += ["--segment-size", str(args.segment_size)]
     if args.data is not None:
         words += ["--data", str(args.data)]
     if args.json:
         words.append("--json")
     return shlex.join(words)
+
+
+def _print_bench(result: Any, format_report: Callable[[Any], str], rerun: str,
+                 args: argparse.Namespace) -> int:
+    """A benchmark's figures: one JSON object, or its report, each with the command line
+    that repeats the run."""
+    if args.json:
+        print(json.dumps({**result.as_dict(), "rerun": rerun}))
+    else:
+        print(format_report(result))
+        print(f"rerun: {rerun}")
+    return 0
 
 
 def _bench_store_rerun(args: argparse.Namespace) -> str:
@@ -239,13 +251,7 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = run_store_bench(opts)
-    rerun = _bench_store_rerun(args)
-    if args.json:
-        print(json.dumps({**result.as_dict(), "rerun": rerun}))
-    else:
-        print(format_report(result))
-        print(f"rerun: {rerun}")
-    return 0
+    return _print_bench(result, format_report, _bench_store_rerun(args), args)
 
 
 def _bench_store_scale(args: argparse.Namespace) -> int:
@@ -339,13 +345,7 @@ def _cmd_bench_net(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = run_net_bench(opts)
-    rerun = _bench_net_rerun(args)
-    if args.json:
-        print(json.dumps({**result.as_dict(), "rerun": rerun}))
-    else:
-        print(format_report(result))
-        print(f"rerun: {rerun}")
-    return 0
+    return _print_bench(result, format_report, _bench_net_rerun(args), args)
 
 
 # --- evq bench ha ---------------------------------------------------------------------------
@@ -386,17 +386,7 @@ def _cmd_bench_ha(args: argparse.Namespace) -> int:
     result = run_ha_bench(opts)
     words = [PROG, "bench", "ha", "--backend", args.backend, "--messages", str(args.messages),
              "--size", str(args.size), "--in-flight", str(args.in_flight)]
-    if args.data is not None:
-        words += ["--data", str(args.data)]
-    if args.json:
-        words.append("--json")
-    rerun = shlex.join(words)
-    if args.json:
-        print(json.dumps({**result.as_dict(), "rerun": rerun}))
-    else:
-        print(format_report(result))
-        print(f"rerun: {rerun}")
-    return 0
+    return _print_bench(result, format_report, _rerun_line(words, args), args)
 
 
 # --- evq bench compare -----------------------------------------------------------------------
@@ -450,17 +440,7 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
              "--max-seconds", f"{args.max_seconds:g}", "--loop", args.loop]
     if not args.redis:
         words.append("--no-redis")
-    if args.data is not None:
-        words += ["--data", str(args.data)]
-    if args.json:
-        words.append("--json")
-    rerun = shlex.join(words)
-    if args.json:
-        print(json.dumps({**result.as_dict(), "rerun": rerun}))
-    else:
-        print(format_report(result))
-        print(f"rerun: {rerun}")
-    return 0
+    return _print_bench(result, format_report, _rerun_line(words, args), args)
 
 
 # --- evq bench spark ------------------------------------------------------------------------
@@ -501,17 +481,7 @@ def _cmd_bench_spark(args: argparse.Namespace) -> int:
     result = run_spark_bench(opts)
     words = [PROG, "bench", "spark", "--messages", str(args.messages), "--batch",
              str(args.batch), "--master", args.master]
-    if args.data is not None:
-        words += ["--data", str(args.data)]
-    if args.json:
-        words.append("--json")
-    rerun = shlex.join(words)
-    if args.json:
-        print(json.dumps({**result.as_dict(), "rerun": rerun}))
-    else:
-        print(format_report(result))
-        print(f"rerun: {rerun}")
-    return 0
+    return _print_bench(result, format_report, _rerun_line(words, args), args)
 
 
 # --- evq broker ------------------------------------------------------------------------------
@@ -852,16 +822,18 @@ def _cmd_consume(args: argparse.Namespace) -> int:
 # --- evq bench recovery ---------------------------------------------------------------------
 
 
-def _byte_sizes(text: str) -> tuple[int, ...]:
-    """``1GiB,10GiB`` (or MiB, KiB, plain bytes) as byte counts."""
+def _byte_size(text: str) -> int:
+    """``1GiB`` (or MiB, KiB, plain bytes) as a byte count."""
     units = {"gib": 1024**3, "mib": 1024**2, "kib": 1024, "": 1}
-    sizes = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*([kmg]ib|)\s*", part, re.I)
-        if m is None or int(m[1]) <= 0:
-            raise argparse.ArgumentTypeError(f"{part!r} is not a size like 1GiB or 512MiB")
-        sizes.append(int(m[1]) * units[m[2].lower()])
-    return tuple(sizes)
+    m = re.fullmatch(r"\s*(\d+)\s*([kmg]ib|)\s*", text, re.I)
+    if m is None or int(m[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1GiB or 512MiB")
+    return int(m[1]) * units[m[2].lower()]
+
+
+def _byte_sizes(text: str) -> tuple[int, ...]:
+    """``1GiB,10GiB`` as byte counts."""
+    return tuple(_byte_size(part) for part in text.split(","))
 
 
 def _add_bench_recovery(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -873,7 +845,7 @@ def _add_bench_recovery(bench: argparse._SubParsersAction[argparse.ArgumentParse
                    help=f"store backend (default: {DEFAULT_BACKEND})")
     p.add_argument("--sizes", type=_byte_sizes, default=(1024**3, 10 * 1024**3),
                    help="log sizes, comma-separated (default: 1GiB,10GiB)")
-    p.add_argument("--tail", type=_byte_sizes, default=(64 * 1024**2,),
+    p.add_argument("--tail", type=_byte_size, default=64 * 1024**2,
                    help="bytes written after the checkpoint (default: 64MiB)")
     p.add_argument("--size", type=_positive_int, default=1024,
                    help="body bytes per record (default: 1024)")
@@ -889,7 +861,7 @@ def _cmd_bench_recovery(args: argparse.Namespace) -> int:
     from evq.bench.recovery import RecoveryOptions, as_dict, format_report, run_recovery_bench
 
     try:
-        opts = RecoveryOptions(backend=args.backend, sizes=args.sizes, tail=args.tail[0],
+        opts = RecoveryOptions(backend=args.backend, sizes=args.sizes, tail=args.tail,
                                size=args.size, segment_size=args.segment_size, data=args.data)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

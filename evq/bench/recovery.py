@@ -34,7 +34,7 @@ import attrs
 from evq import logs
 from evq.backends import registry
 from evq.backends.config import StoreConfig
-from evq.bench.scaffold import check_backend, scratch
+from evq.bench.scaffold import check_backend, scratch, store_config
 from evq.domain.message import Message, new_message
 from evq.domain.record import put_record
 
@@ -112,9 +112,7 @@ def format_report(opts: RecoveryOptions, figures: list[RecoveryFigure]) -> str:
 
 
 def _config(opts: RecoveryOptions) -> StoreConfig:
-    if opts.segment_size is None:
-        return StoreConfig()
-    return StoreConfig(commitlog_segment_size=opts.segment_size)
+    return store_config(opts.segment_size)
 
 
 def _crash_child(opts: RecoveryOptions, store: Path, size: int) -> int:

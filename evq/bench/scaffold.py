@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from evq.backends import registry
+from evq.backends.config import StoreConfig
 
 
 def check_backend(name: str) -> None:
@@ -22,6 +23,14 @@ def check_backend(name: str) -> None:
     if name not in registry.BACKENDS:
         known = ", ".join(sorted(registry.BACKENDS))
         raise registry.UnknownBackend(f"unknown backend {name!r}; choose one of: {known}")
+
+
+def store_config(segment_size: int | None, **settings: Any) -> StoreConfig:
+    """A benchmark store's config: the defaults and ``settings``, and its CommitLog segment
+    size when one was asked for (small segments make small runs cross segment ends)."""
+    if segment_size is not None:
+        settings["commitlog_segment_size"] = segment_size
+    return StoreConfig(**settings)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from evq.backends import registry
 from evq.backends.config import StoreConfig
 from evq.bench.backends import time_lookups
-from evq.bench.scaffold import check_backend, progress, scratch
+from evq.bench.scaffold import check_backend, progress, scratch, store_config
 from evq.bench.store import BenchError, Workload, lookup_keys, read_all, settle
 from evq.domain.record import put_record
 
@@ -52,9 +52,7 @@ class ScaleOptions:
             raise ValueError("batch and lookups must be at least 1, size not negative")
 
     def store_config(self) -> StoreConfig:
-        if self.segment_size is None:
-            return StoreConfig()
-        return StoreConfig(commitlog_segment_size=self.segment_size)
+        return store_config(self.segment_size)
 
 
 @attrs.frozen(slots=True)

@@ -52,7 +52,7 @@ from tqdm import tqdm
 from evq import logs
 from evq.backends import registry
 from evq.backends.config import StoreConfig
-from evq.bench.scaffold import check_backend, progress, scratch
+from evq.bench.scaffold import check_backend, progress, scratch, store_config
 from evq.domain.log import FlushMode, GetStatus, MessageLog
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.record import PutRecord, put_record
@@ -138,10 +138,7 @@ class StoreBenchOptions:
             raise ValueError("size must not be negative")
 
     def store_config(self, flush: FlushMode | None = None) -> StoreConfig:
-        kwargs: dict[str, Any] = {"flush": flush or self.flush}
-        if self.segment_size is not None:
-            kwargs["commitlog_segment_size"] = self.segment_size
-        return StoreConfig(**kwargs)
+        return store_config(self.segment_size, flush=flush or self.flush)
 
 
 @attrs.frozen(kw_only=True)
