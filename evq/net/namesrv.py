@@ -29,7 +29,8 @@ from evq.acl.verifier import Deny
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import execution, fastjson
-from evq.net.acl_file import AclFile, RefusalLog, decide
+from evq.net.acl_check import RefusalLog, decide
+from evq.net.acl_file import AclFile
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from evq.acl.signature import Credentials
 from evq.domain.codes import ResponseCode
-from evq.net.acl_file import RefusalLog
+from evq.net.acl_check import RefusalLog
 from evq.net.codes import RequestCode
 from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand

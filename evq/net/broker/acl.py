@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from evq.acl.verifier import Deny
 from evq.domain.codes import ResponseCode
-from evq.net.acl_file import AclFile, RefusalLog, decide
+from evq.net.acl_check import RefusalLog, decide
+from evq.net.acl_file import AclFile
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 

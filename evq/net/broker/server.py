@@ -32,7 +32,8 @@ from evq.domain.record import encode, offset_msg_id
 from evq.embedded import Broker as Engine
 from evq.ha.master import HAMaster
 from evq.ha.slave import HASlave
-from evq.net.acl_file import AclFile, RefusalLog
+from evq.net.acl_check import RefusalLog
+from evq.net.acl_file import AclFile
 from evq.net.broker import admin, clients, pull, queries, send
 from evq.net.broker.acl import acl_checked
 from evq.net.broker.context import BrokerContext
