@@ -171,8 +171,18 @@ def produce_forever(namesrv: str, topic: str, tag: str) -> None:
 
 def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fail: bool,
             seconds: float) -> None:
+    """A push consumer for ``seconds``, under an instance name of its own (its pid).
+
+    The library keeps broadcasting offsets in ``~/.rocketmq_offsets/<ip>@<instance
+    name>/<group>/offsets.Json``, without the pid its client id carries: under the default
+    name (``DEFAULT``) every member on one host shares one file, and members starting at the
+    same moment race to create its directory (``LocalFileOffsetStore`` checks, then creates,
+    and fails its ``start`` when another process created it in between; the wrapper then
+    segfaults destroying the half-started consumer).  Members on one host need names of their
+    own, as the Java client's default instance name (the pid) gives them."""
     consumer = with_credentials(PushConsumer(group, orderly=orderly, message_model=(
         MessageModel.BROADCASTING if model == "broadcasting" else MessageModel.CLUSTERING)))
+    consumer.set_instance_name(f"stock-{os.getpid()}")
     consumer.set_namesrv_addr(namesrv)
     failed: set[str] = set()
 

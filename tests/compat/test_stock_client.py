@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,15 +65,20 @@ def test_clustering_group_splits_queues_and_delivers_each_message_once(served: S
         1 for lines in got for m in lines if m["queue"] in handed_over), seqs
 
 
-def test_broadcasting_members_each_get_everything(served: Served) -> None:
+def test_broadcasting_members_each_get_everything(served: Served, tmp_path: Path) -> None:
+    """Two members on one host, started together in a home of their own (as on a fresh
+    machine, where neither finds its offsets directory made), each keep their own offsets
+    file: sharing one, they raced to create its directory and the loser died of SIGSEGV."""
     stock("produce", served.namesrv, "T_bc", "sync", "1")
+    home = tmp_path / "home"
     members = [start_stock("consume", served.namesrv, "T_bc", "G_bc", "broadcasting", "0",
-                           "0", "15") for _ in range(2)]
+                           "0", "15", env={"HOME": str(home)}) for _ in range(2)]
     time.sleep(6)
     stock("produce", served.namesrv, "T_bc", "sync", "10")
     for proc in members:
         seqs = {int(m["seq"]) for m in _consumed(collect(proc))}  # type: ignore[call-overload]
         assert set(range(10)) <= seqs
+    assert len(list(home.glob(".rocketmq_offsets/*/G_bc/offsets.Json"))) == 2
 
 
 def test_orderly_consumer_keeps_queue_order(served: Served) -> None:
