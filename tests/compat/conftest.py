@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
-import signal
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,26 +69,11 @@ def reap_stock_clients() -> None:
                 stream.close()
 
 
-SHUTDOWN_CRASH = re.compile(r'File "[^"]*rocketmq/client\.py", line \d+ in shutdown\n'
-                            r'\s+File "[^"]*stock_client\.py", line \d+ in consume\n')
-"""In faulthandler's report of a crash: a thread (the main one) inside ``consumer.shutdown()``
-while the library's own threads tear down (the crashing one shows no Python frame)."""
-
-
 def collect(proc: subprocess.Popen[str], timeout: float = 90) -> list[dict[str, Any]]:
-    """What a consumer started by :func:`start_stock` printed, once it exited cleanly.
-
-    One failure is the client's own, not evq's: rocketmq-client-cpp 1.x can crash inside
-    ``DefaultMQPushConsumer::shutdown`` (apache/rocketmq-client-cpp#286, #335: fixed in 2.x,
-    not in the PyPI build), after everything it received has been printed.  That crash, and
-    only that one (the consumer said it was shutting down and faulthandler shows the main
-    thread in the shutdown call), is reported as a warning; any other death fails."""
+    """What a consumer started by :func:`start_stock` printed, once it exited cleanly; any
+    other end (a crash: faulthandler's report of every thread is in stderr) fails the test
+    that started it."""
     out, err = proc.communicate(timeout=timeout)
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    if (proc.returncode == -signal.SIGSEGV and lines and lines[-1] == {"shutting_down": True}
-            and SHUTDOWN_CRASH.search(err)):
-        warnings.warn("the stock C++ consumer crashed in its own shutdown "
-                      "(apache/rocketmq-client-cpp#335)", stacklevel=2)
-        return [x for x in lines if x != {"shutting_down": True}]
     assert lines and lines[-1] == {"done": True}, (proc.returncode, out[-2000:], err[-3000:])
-    return [x for x in lines[:-1] if x != {"shutting_down": True}]
+    return lines[:-1]
