@@ -1,7 +1,11 @@
 """Shared fixtures and Hypothesis profiles.
 
 ``open_log`` is the seam the backend conformance suite parametrizes: store tests ask it for a
-log and never name a backend class themselves.
+log and never name a backend class themselves.  A module marked ``transient_pool_too`` runs
+its backend tests once more on mmap with RocketMQ's transient store pool on (``mmap-pool``),
+each append followed by a flush so that the records are committed and readable at once
+(:class:`CommittingLog`); what readers see before a commit is tested in
+tests/backends/test_transient_pool.py.
 
 Hypothesis profile by ``EVQ_HYPOTHESIS_PROFILE`` (default ``dev``; ``ci`` when CI is set):
 ``fast`` 20 examples for an edit-test loop, ``dev`` 100, ``ci`` 100 derandomized so a failure
@@ -23,6 +27,7 @@ from evq.backends.registry import BACKENDS
 from evq.backends.registry import open_log as open_backend
 from evq.domain.clock import Clock, ManualClock
 from evq.domain.log import MessageLog
+from evq.domain.record import PutRecord
 
 _base = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fast", _base, max_examples=20)
@@ -53,19 +58,62 @@ SMALL = StoreConfig(
 OpenLog = Callable[..., MessageLog]
 
 
+class CommittingLog:
+    """A store with the transient store pool that commits (and flushes) after every append,
+    so a test reads its own writes at once; everything else goes to the store itself."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: MessageLog):
+        self.inner = inner
+
+    def append(self, records: list[PutRecord]) -> object:
+        results = self.inner.append(records)
+        self.inner.flush()
+        return results
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> CommittingLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test using ``backend`` runs once per registered backend, and in a module marked
+    ``transient_pool_too`` once more on mmap with the transient store pool."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    combos = [(name, False) for name in sorted(BACKENDS)]
+    if metafunc.definition.get_closest_marker("transient_pool_too"):
+        combos.append(("mmap", True))
+    metafunc.parametrize(("backend", "transient_pool"), combos, indirect=True,
+                         ids=[name + ("-pool" if pool else "") for name, pool in combos])
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test: every store test runs once per registered backend."""
     return str(request.param)
 
 
 @pytest.fixture
-def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenLog]:
+def transient_pool(request: pytest.FixtureRequest) -> bool:
+    """Whether ``open_log`` turns the transient store pool on (mmap only)."""
+    return bool(getattr(request, "param", False))
+
+
+@pytest.fixture
+def open_log(tmp_path: Path, clock: ManualClock, backend: str,
+             transient_pool: bool) -> Iterator[OpenLog]:
     """``open_log(path=None, clock=None, **config)`` opens (or reopens) a store; every log it
     opened is closed at teardown."""
     opened: list[MessageLog] = []
@@ -73,11 +121,13 @@ def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenL
     def _open(
         path: Path | None = None, clock_: Clock | None = None, **overrides: object
     ) -> MessageLog:
+        if transient_pool:
+            overrides = {"transient_store_pool_enable": True} | overrides
         cfg = attrs.evolve(SMALL, **overrides)
         log = open_backend(backend, path or tmp_path / "store", cfg, clock=clock_ or clock,
                            background=False)
         opened.append(log)
-        return log
+        return CommittingLog(log) if transient_pool else log  # type: ignore[return-value]
 
     yield _open
     for log in opened:
