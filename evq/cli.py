@@ -516,6 +516,12 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", dest="broker_role", default=None,
                    choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
     p.add_argument("--flush", dest="flush", default=None, choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    p.add_argument("--transient-store-pool", dest="transient_store_pool_enable",
+                   action="store_true", default=None,
+                   help="append into locked memory buffers that a commit service writes to the "
+                        "CommitLog every 200 ms (RocketMQ's transientStorePoolEnable; ASYNC_FLUSH "
+                        "masters only, ignored with a warning otherwise). A crash loses "
+                        "acknowledged messages not yet committed")
     p.add_argument("--ha-port", dest="ha_listen_port", type=_non_negative_int, default=None,
                    help="a master's replication port (default: --port + 1; any free port "
                         "with --port 0)")
@@ -581,7 +587,8 @@ _TLS_SERVER_FLAGS = ("tls_server_mode", "tls_server_cert_path", "tls_server_key_
                      "tls_server_handshake_timeout_ms")
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
+                 "transient_store_pool_enable", "ha_listen_port", "master_ha_addr",
+                 "slave_read_enable", "access_key",
                  "secret_key", "acl_enable", "acl_file", *_TLS_SERVER_FLAGS,
                  "tls_enable", "tls_client_trust_cert_path", "tls_client_cert_path",
                  "tls_client_key_path")
