@@ -176,6 +176,10 @@ def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser])
                    help="records per append call in the batched phase (default: 32)")
     p.add_argument("--lookups", type=_positive_int, default=10_000,
                    help="key queries of the lookup phase (default: 10000)")
+    p.add_argument("--transient-store-pool", action="store_true",
+                   help="also run the batched append phase with RocketMQ's transient store "
+                        "pool (mmap: appends into locked buffers a commit service writes to the "
+                        "files), reported beside the mapped-write figures and the same floor")
     p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
                    help="CommitLog segment size (default: the store's, 1 GiB)")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
@@ -231,6 +235,7 @@ def _bench_store_rerun(args: argparse.Namespace) -> str:
         "--size", str(args.size), "--flush", args.flush, "--producers", str(args.producers),
         "--sync-messages", str(args.sync_messages), "--batch", str(args.batch),
         "--lookups", str(args.lookups),
+        *(["--transient-store-pool"] if args.transient_store_pool else []),
     ]
     return _rerun_line(words, args)
 
@@ -246,6 +251,7 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
             flush=FLUSH_MODES[args.flush], producers=args.producers, data=args.data,
             segment_size=args.segment_size, batch=args.batch, sync_messages=args.sync_messages,
             lookups=args.lookups, progress=not args.json and sys.stderr.isatty(),
+            transient_store_pool=args.transient_store_pool,
         )
         opts.store_config()
     except ValueError as exc:
