@@ -82,16 +82,24 @@ class CommittingLog:
         self.inner.close()
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test using ``backend`` runs once per registered backend, and in a module marked
-    ``transient_pool_too`` once more on mmap with the transient store pool."""
-    if "backend" not in metafunc.fixturenames:
-        return
-    combos = [(name, False) for name in sorted(BACKENDS)]
-    if metafunc.definition.get_closest_marker("transient_pool_too"):
-        combos.append(("mmap", True))
-    metafunc.parametrize(("backend", "transient_pool"), combos, indirect=True,
-                         ids=[name + ("-pool" if pool else "") for name, pool in combos])
+POOL_VARIANT = "mmap-pool"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``mmap-pool`` variant of ``backend`` runs only in modules (or tests) marked
+    ``transient_pool_too``; elsewhere it is deselected."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        pooled = callspec is not None and callspec.params.get("backend") == POOL_VARIANT
+        if pooled and item.get_closest_marker("transient_pool_too") is None:
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture
@@ -99,16 +107,18 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture
+@pytest.fixture(params=[*sorted(BACKENDS), POOL_VARIANT])
 def backend(request: pytest.FixtureRequest) -> str:
-    """The backend under test: every store test runs once per registered backend."""
-    return str(request.param)
+    """The backend under test: every store test runs once per registered backend (and, where
+    marked ``transient_pool_too``, on ``mmap-pool``: mmap, with :func:`transient_pool`)."""
+    return "mmap" if request.param == POOL_VARIANT else str(request.param)
 
 
 @pytest.fixture
 def transient_pool(request: pytest.FixtureRequest) -> bool:
-    """Whether ``open_log`` turns the transient store pool on (mmap only)."""
-    return bool(getattr(request, "param", False))
+    """Whether ``open_log`` turns the transient store pool on (the ``mmap-pool`` variant)."""
+    callspec = getattr(request.node, "callspec", None)
+    return callspec is not None and callspec.params.get("backend") == POOL_VARIANT
 
 
 @pytest.fixture
