@@ -176,6 +176,10 @@ def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser])
                    help="records per append call in the batched phase (default: 32)")
     p.add_argument("--lookups", type=_positive_int, default=10_000,
                    help="key queries of the lookup phase (default: 10000)")
+    p.add_argument("--transient-store-pool", action="store_true",
+                   help="also run the batched append phase with RocketMQ's transient store "
+                        "pool (mmap: appends into locked buffers a commit service writes to the "
+                        "files), reported beside the mapped-write figures and the same floor")
     p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
                    help="CommitLog segment size (default: the store's, 1 GiB)")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
@@ -231,6 +235,7 @@ def _bench_store_rerun(args: argparse.Namespace) -> str:
         "--size", str(args.size), "--flush", args.flush, "--producers", str(args.producers),
         "--sync-messages", str(args.sync_messages), "--batch", str(args.batch),
         "--lookups", str(args.lookups),
+        *(["--transient-store-pool"] if args.transient_store_pool else []),
     ]
     return _rerun_line(words, args)
 
@@ -246,6 +251,7 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
             flush=FLUSH_MODES[args.flush], producers=args.producers, data=args.data,
             segment_size=args.segment_size, batch=args.batch, sync_messages=args.sync_messages,
             lookups=args.lookups, progress=not args.json and sys.stderr.isatty(),
+            transient_store_pool=args.transient_store_pool,
         )
         opts.store_config()
     except ValueError as exc:
@@ -516,6 +522,12 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", dest="broker_role", default=None,
                    choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
     p.add_argument("--flush", dest="flush", default=None, choices=["ASYNC_FLUSH", "SYNC_FLUSH"])
+    p.add_argument("--transient-store-pool", dest="transient_store_pool_enable",
+                   action="store_true", default=None,
+                   help="append into locked memory buffers that a commit service writes to the "
+                        "CommitLog every 200 ms (RocketMQ's transientStorePoolEnable; ASYNC_FLUSH "
+                        "masters only, ignored with a warning otherwise). A crash loses "
+                        "acknowledged messages not yet committed")
     p.add_argument("--ha-port", dest="ha_listen_port", type=_non_negative_int, default=None,
                    help="a master's replication port (default: --port + 1; any free port "
                         "with --port 0)")
@@ -581,7 +593,8 @@ _TLS_SERVER_FLAGS = ("tls_server_mode", "tls_server_cert_path", "tls_server_key_
                      "tls_server_handshake_timeout_ms")
 _BROKER_FLAGS = ("backend", "store_path_root_dir", "host", "listen_port", "namesrv_addr",
                  "broker_cluster_name", "broker_name", "broker_id", "broker_role", "flush",
-                 "ha_listen_port", "master_ha_addr", "slave_read_enable", "access_key",
+                 "transient_store_pool_enable", "ha_listen_port", "master_ha_addr",
+                 "slave_read_enable", "access_key",
                  "secret_key", "acl_enable", "acl_file", *_TLS_SERVER_FLAGS,
                  "tls_enable", "tls_client_trust_cert_path", "tls_client_cert_path",
                  "tls_client_key_path")

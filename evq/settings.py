@@ -18,8 +18,9 @@ from typing import Any
 
 import attrs
 
+from evq import logs
 from evq.acl.signature import Credentials
-from evq.backends.config import StoreConfig
+from evq.backends.config import StoreConfig, transient_pool_refusal
 from evq.backends.registry import DEFAULT_BACKEND
 from evq.domain.broker_config import BrokerConfig, BrokerRole
 from evq.domain.config_json import camel
@@ -27,6 +28,7 @@ from evq.net import tls
 from evq.net.tls import TlsSettings
 
 ENV_PREFIX = "EVQ_"
+log = logs.get_logger(__name__)
 
 
 class SettingsError(ValueError):
@@ -91,6 +93,9 @@ ALIASES = {
     "mappedFileSizeCommitLog": "commitlog_segment_size",
     "flushIntervalCommitLog": "flush_interval_ms",
     "flushCommitLogLeastPages": "flush_least_pages",
+    "commitIntervalCommitLog": "commit_interval_ms",
+    "commitCommitLogLeastPages": "commit_least_pages",
+    "commitCommitLogThoroughInterval": "commit_thorough_interval_ms",
     "syncFlushTimeout": "sync_flush_timeout_ms",
     "transactionTimeOut": "transaction_timeout_ms",
     "transactionCheckInterval": "transaction_check_interval_ms",
@@ -249,6 +254,10 @@ def build(values: Mapping[str, object]) -> Settings:
         raise SettingsError("a SLAVE needs a brokerId greater than 0")
     if broker.broker_role is not BrokerRole.SLAVE and broker.broker_id != 0:
         raise SettingsError("a master has brokerId 0; set brokerRole=SLAVE for other ids")
+    why = transient_pool_refusal(store, slave=broker.is_slave)
+    if why:  # RocketMQ runs such a config without the pool; so do we, saying so
+        log.warning("transient_store_pool_ignored", reason=why)
+        store = attrs.evolve(store, transient_store_pool_enable=False)
     return Settings(net, broker, store, tls_settings)
 
 

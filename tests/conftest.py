@@ -1,7 +1,11 @@
 """Shared fixtures and Hypothesis profiles.
 
 ``open_log`` is the seam the backend conformance suite parametrizes: store tests ask it for a
-log and never name a backend class themselves.
+log and never name a backend class themselves.  A module marked ``transient_pool_too`` runs
+its backend tests once more on mmap with RocketMQ's transient store pool on (``mmap-pool``),
+each append followed by a flush so that the records are committed and readable at once
+(:class:`CommittingLog`); what readers see before a commit is tested in
+tests/backends/test_transient_pool.py.
 
 Hypothesis profile by ``EVQ_HYPOTHESIS_PROFILE`` (default ``dev``; ``ci`` when CI is set):
 ``fast`` 20 examples for an edit-test loop, ``dev`` 100, ``ci`` 100 derandomized so a failure
@@ -23,6 +27,7 @@ from evq.backends.registry import BACKENDS
 from evq.backends.registry import open_log as open_backend
 from evq.domain.clock import Clock, ManualClock
 from evq.domain.log import MessageLog
+from evq.domain.record import PutRecord
 
 _base = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fast", _base, max_examples=20)
@@ -53,19 +58,72 @@ SMALL = StoreConfig(
 OpenLog = Callable[..., MessageLog]
 
 
+class CommittingLog:
+    """A store with the transient store pool that commits (and flushes) after every append,
+    so a test reads its own writes at once; everything else goes to the store itself."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: MessageLog):
+        self.inner = inner
+
+    def append(self, records: list[PutRecord]) -> object:
+        results = self.inner.append(records)
+        self.inner.flush()
+        return results
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> CommittingLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+
+POOL_VARIANT = "mmap-pool"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``mmap-pool`` variant of ``backend`` runs only in modules (or tests) marked
+    ``transient_pool_too``; elsewhere it is deselected."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        pooled = callspec is not None and callspec.params.get("backend") == POOL_VARIANT
+        if pooled and item.get_closest_marker("transient_pool_too") is None:
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+@pytest.fixture(params=[*sorted(BACKENDS), POOL_VARIANT])
 def backend(request: pytest.FixtureRequest) -> str:
-    """The backend under test: every store test runs once per registered backend."""
-    return str(request.param)
+    """The backend under test: every store test runs once per registered backend (and, where
+    marked ``transient_pool_too``, on ``mmap-pool``: mmap, with :func:`transient_pool`)."""
+    return "mmap" if request.param == POOL_VARIANT else str(request.param)
 
 
 @pytest.fixture
-def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenLog]:
+def transient_pool(request: pytest.FixtureRequest) -> bool:
+    """Whether ``open_log`` turns the transient store pool on (the ``mmap-pool`` variant)."""
+    callspec = getattr(request.node, "callspec", None)
+    return callspec is not None and callspec.params.get("backend") == POOL_VARIANT
+
+
+@pytest.fixture
+def open_log(tmp_path: Path, clock: ManualClock, backend: str,
+             transient_pool: bool) -> Iterator[OpenLog]:
     """``open_log(path=None, clock=None, **config)`` opens (or reopens) a store; every log it
     opened is closed at teardown."""
     opened: list[MessageLog] = []
@@ -73,11 +131,13 @@ def open_log(tmp_path: Path, clock: ManualClock, backend: str) -> Iterator[OpenL
     def _open(
         path: Path | None = None, clock_: Clock | None = None, **overrides: object
     ) -> MessageLog:
+        if transient_pool:
+            overrides = {"transient_store_pool_enable": True} | overrides
         cfg = attrs.evolve(SMALL, **overrides)
         log = open_backend(backend, path or tmp_path / "store", cfg, clock=clock_ or clock,
                            background=False)
         opened.append(log)
-        return log
+        return CommittingLog(log) if transient_pool else log  # type: ignore[return-value]
 
     yield _open
     for log in opened:

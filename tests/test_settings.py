@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from evq.domain.broker_config import BrokerRole
 from evq.domain.log import FlushMode
@@ -114,3 +115,32 @@ def test_a_name_server_takes_only_tls_settings(tmp_path: Path) -> None:
         load_tls(config_file=conf, env={})
     with pytest.raises(SettingsError, match=r"tls.server.mode=enforcing needs"):
         load_tls(env={"EVQ_TLS_SERVER_MODE": "enforcing"})
+
+
+def test_transient_store_pool_keys_reach_the_store(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("transientStorePoolEnable=true\ntransientStorePoolSize=3\n"
+                    "commitIntervalCommitLog=50\ncommitCommitLogLeastPages=8\n"
+                    "commitCommitLogThoroughInterval=400\n")
+    s = load(config_file=conf, env={})
+    assert (s.store.transient_store_pool_enable, s.store.transient_store_pool_size,
+            s.store.commit_interval_ms, s.store.commit_least_pages,
+            s.store.commit_thorough_interval_ms) == (True, 3, 50, 8, 400)
+    flagged = load(env={}, flags={"transient_store_pool_enable": True})
+    assert flagged.store.transient_store_pool_enable
+
+
+@pytest.mark.parametrize(("flags", "reason"), [
+    ({"flush": "SYNC_FLUSH"}, "SYNC_FLUSH"),
+    ({"broker_role": "SLAVE", "broker_id": 1}, "SLAVE"),
+])
+def test_the_pool_is_ignored_with_a_warning_off_an_async_flush_master(
+    flags: dict[str, object], reason: str,
+) -> None:
+    """RocketMQ's rule: the pool works under ASYNC_FLUSH on a master only; another config
+    starts without it, and says so."""
+    with capture_logs() as logs:
+        s = load(env={}, flags={"transient_store_pool_enable": True, **flags})
+    assert s.store.transient_store_pool_enable is False
+    ignored = [e for e in logs if e["event"] == "transient_store_pool_ignored"]
+    assert len(ignored) == 1 and reason in ignored[0]["reason"]

@@ -39,6 +39,13 @@ class StoreConfig:
     disk_check_interval_s: float = 1.0  # evq: how often disk use is sampled
     clean_interval_s: float = 10.0  # cleanResourceInterval
     warm_segments: bool = True  # warmMapedFileEnable, done off the hot path here
+    # RocketMQ's transient store pool (see evq.backends.mmapfile.transient_pool): mmap only,
+    # and only under ASYNC_FLUSH on a master (transient_pool_refusal).
+    transient_store_pool_enable: bool = False  # transientStorePoolEnable
+    transient_store_pool_size: int = 5  # transientStorePoolSize: buffers of a segment's size
+    commit_interval_ms: int = 200  # commitIntervalCommitLog
+    commit_least_pages: int = 4  # commitCommitLogLeastPages
+    commit_thorough_interval_ms: int = 200  # commitCommitLogThoroughInterval
 
     def __attrs_post_init__(self) -> None:
         if self.commitlog_segment_size < 4096:
@@ -53,6 +60,30 @@ class StoreConfig:
                              "are fractions of the disk, above 0 and at most 1")
         if self.disk_check_interval_s <= 0:
             raise ValueError("disk_check_interval_s must be positive")
+        if self.transient_store_pool_size < 1:
+            raise ValueError("transient_store_pool_size must be at least 1")
+        if self.commit_interval_ms < 1 or self.commit_thorough_interval_ms < 0:
+            raise ValueError("commit_interval_ms must be positive and "
+                             "commit_thorough_interval_ms not negative")
 
     def delete_hours(self) -> frozenset[int]:
         return frozenset(int(h) for h in self.delete_when.split(";") if h.strip())
+
+
+def transient_pool_refusal(config: StoreConfig, *, slave: bool = False) -> str:
+    """Why the transient store pool is not used although enabled (empty if it is, or is off).
+
+    RocketMQ's rule (``MessageStoreConfig.isTransientStorePoolEnable``): only under
+    ASYNC_FLUSH on a master.  A SYNC_FLUSH acknowledgement promises the record is on disk,
+    and a record in a pool buffer is not even in the file yet; a slave writes the bytes its
+    master sends and serves them at once.  Such a config is not refused but run without the
+    pool, as RocketMQ runs it, with a warning at start saying so: a broker.conf that RocketMQ
+    starts, evq starts too, with the durability its flush type promises.
+    """
+    if not config.transient_store_pool_enable:
+        return ""
+    if config.flush is not FlushMode.ASYNC_FLUSH:
+        return f"flushDiskType is {config.flush.value}; the pool works under ASYNC_FLUSH only"
+    if slave:
+        return "brokerRole is SLAVE; the pool works on a master only"
+    return ""

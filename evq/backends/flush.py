@@ -3,7 +3,8 @@
 Two threads.  The log flusher serves durability: under SYNC_FLUSH writers park a request (log
 end offset, callback, deadline) and the thread serves every parked request with a single msync
 per round: the more writers wait, the more each flush carries (group commit).  Under
-ASYNC_FLUSH it wakes every ``flush_interval_ms`` and flushes when at least
+ASYNC_FLUSH it wakes every ``flush_interval_ms`` (or when the transient store pool's commit
+service has written bytes to the files, :meth:`Flusher.wake`) and flushes when at least
 ``flush_least_pages`` dirty pages wait, or unconditionally every ``flush_thorough_interval_ms``.
 
 A round does not start with the first request alone: the writers the last round released
@@ -75,6 +76,7 @@ class Flusher:
         self._requests: list[tuple[int, DurableCallback, float]] = []
         self._expected = 1  # requests the last round served: the round to come waits for them
         self._stopping = False
+        self._woken = False
         self._stop_projections = threading.Event()
         self._thread = threading.Thread(target=self._run, name="evq-flush", daemon=True)
         self._projector = threading.Thread(
@@ -95,6 +97,14 @@ class Flusher:
             self._requests.append((end_offset, callback, time.monotonic() + timeout))
             if len(self._requests) in (1, self._expected):  # the idle or the gathering wait
                 self._cond.notify()
+
+    def wake(self) -> None:
+        """Start an ASYNC_FLUSH round now rather than at the end of the interval: the
+        transient store pool's commit service calls this once it has written bytes to the
+        files, as RocketMQ's commit service wakes its flush service."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
 
     def wait(self, end_offset: int, timeout: float) -> bool:
         if not self.sync or end_offset <= self.durable:
@@ -118,7 +128,8 @@ class Flusher:
                     if 0 < len(self._requests) < self._expected and not self._stopping:
                         self._cond.wait(timeout=gather)
                 else:
-                    self._cond.wait_for(lambda: self._stopping, timeout=idle)
+                    self._cond.wait_for(lambda: self._stopping or self._woken, timeout=idle)
+                    self._woken = False
                 stopping = self._stopping
                 pending, self._requests = self._requests, []
                 self._expected = max(len(pending), 1)

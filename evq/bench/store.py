@@ -36,6 +36,7 @@ import mmap
 import os
 import pickle
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -81,23 +82,33 @@ class BenchError(Exception):
 
 @attrs.define
 class Stopwatch:
-    """Wall-clock and calling-thread CPU seconds of the timed regions.
+    """Wall-clock and calling-thread CPU seconds of the timed regions, and the calling
+    thread's page faults in them.
 
     CPU time is what the appending thread itself burned: on a shared machine it moves far less
-    than wall time when other processes compete for the cores.
+    than wall time when other processes compete for the cores.  Page faults are the suspect
+    for append/floor ratios that move between machines: a fresh page costs a fault (allocate,
+    zero, map), and a shared file page the kernel has written back costs a write-protect
+    fault again; minor faults (no I/O) and major ones (I/O) are counted apart.
     """
 
     wall: float = 0.0
     cpu: float = 0.0
+    minflt: int = 0
+    majflt: int = 0
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.cpu += time.thread_time() - cpu
             self.wall += time.perf_counter() - wall
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            self.minflt += after.ru_minflt - usage.ru_minflt
+            self.majflt += after.ru_majflt - usage.ru_majflt
 
 
 def settle(max_seconds: float = SETTLE_MAX_S) -> float:
@@ -129,6 +140,8 @@ class StoreBenchOptions:
     sync_messages: int = 50_000
     lookups: int = 10_000
     progress: bool = False
+    transient_store_pool: bool = False
+    """Also run the batched append phase with RocketMQ's transient store pool."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("messages", "producers", "batch", "sync_messages", "lookups"):
@@ -136,6 +149,8 @@ class StoreBenchOptions:
                 raise ValueError(f"{name} must be at least 1")
         if self.size < 0:
             raise ValueError("size must not be negative")
+        if self.transient_store_pool and self.backend != "mmap":
+            raise ValueError("the transient store pool is the mmap backend's")
 
     def store_config(self, flush: FlushMode | None = None) -> StoreConfig:
         return store_config(self.segment_size, flush=flush or self.flush)
@@ -166,6 +181,10 @@ class StoreBenchResult:
     floor_cpu_us_per_msg: float
     ratio_to_floor: float
     ratio_to_floor_cpu: float
+    append_minflt_per_msg: float
+    append_majflt_per_msg: float
+    floor_minflt_per_msg: float
+    floor_majflt_per_msg: float
     sync_msgs_per_s: float
     sync_async_msgs_per_s: float
     sync_async_timeouts: int
@@ -173,6 +192,15 @@ class StoreBenchResult:
     sync_messages: int
     sync_timeouts: int
     settle_seconds: float
+    # The batched append phase again with the transient store pool (--transient-store-pool).
+    pool_append_msgs_per_s: float | None = None
+    pool_append_cpu_us_per_msg: float | None = None
+    pool_ratio_to_floor: float | None = None
+    pool_ratio_to_floor_cpu: float | None = None
+    pool_append_minflt_per_msg: float | None = None
+    pool_append_majflt_per_msg: float | None = None
+    pool_buffers: int | None = None
+    pool_locked: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -555,6 +583,11 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
                 log.warning("bench_key_lookup_misses", misses=misses, lookups=opts.lookups)
             log.info("bench_phase_done", phase="keys", seconds=round(lookup_s, 3))
 
+        pool_figures: dict[str, Any] = {}
+        if opts.transient_store_pool:
+            pool_figures = _append_with_pool(opts, spool, run, config, floor)
+            settled += pool_figures.pop("settled")
+
         with (
             _phase_dir(run, "single") as work,
             registry.open_log(opts.backend, work / "store", config) as store,
@@ -616,7 +649,49 @@ def run_store_bench(opts: StoreBenchOptions) -> StoreBenchResult:
         sync_messages=sync_n,
         sync_timeouts=timeouts,
         settle_seconds=round(settled, 2),
+        append_minflt_per_msg=append.minflt / n,
+        append_majflt_per_msg=append.majflt / n,
+        floor_minflt_per_msg=floor.minflt / n,
+        floor_majflt_per_msg=floor.majflt / n,
+        **pool_figures,
     )
+
+
+def _append_with_pool(
+    opts: StoreBenchOptions, spool: Spool, run: Path, config: StoreConfig, floor: Stopwatch,
+) -> dict[str, Any]:
+    """The batched append phase on a store with the transient store pool: the figures
+    (``pool_*`` fields of the result) and the seconds waited for the store to settle.
+
+    The pool holds as many buffers as the run fills segments, plus one, at most RocketMQ's 5:
+    each is a segment's size of (locked, if the limit allows) memory."""
+    n = opts.messages
+    buffers = min(5, spool.total_bytes // config.commitlog_segment_size + 2)
+    pool_config = attrs.evolve(config, transient_store_pool_enable=True,
+                               transient_store_pool_size=buffers)
+    with (
+        _phase_dir(run, "append-pool") as work,
+        registry.open_log(opts.backend, work / "store", pool_config) as store,
+    ):
+        settled = settle()
+        with progress(opts.progress, f"append x{opts.batch}, pool", n) as bar:
+            watch = append_batches(store, spool, opts.batch, bar, durable=False)
+        store.flush()  # committed: the count below reads what readers see
+        check_appended(store, n, "append with the pool")
+        pool = getattr(store, "_pool", None)
+        locked = pool.locked if pool is not None else None
+    log.info("bench_phase_done", phase="append-pool", seconds=round(watch.wall, 3))
+    return {
+        "settled": settled,
+        "pool_append_msgs_per_s": n / watch.wall,
+        "pool_append_cpu_us_per_msg": watch.cpu / n * 1e6,
+        "pool_ratio_to_floor": floor.wall / watch.wall,
+        "pool_ratio_to_floor_cpu": floor.cpu / watch.cpu,
+        "pool_append_minflt_per_msg": watch.minflt / n,
+        "pool_append_majflt_per_msg": watch.majflt / n,
+        "pool_buffers": buffers,
+        "pool_locked": locked,
+    }
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -643,6 +718,9 @@ def format_report(result: StoreBenchResult) -> str:
         ("floor cpu", f"{r.floor_cpu_us_per_msg:,.2f} us/msg", "copying thread's CPU time"),
         ("ratio to floor", f"{r.ratio_to_floor:.3f}", "append / floor (wall clock)"),
         ("ratio, cpu", f"{r.ratio_to_floor_cpu:.3f}", "floor CPU / append CPU"),
+        ("page faults", f"{r.append_minflt_per_msg:.4f} /msg",
+         f"appending thread: minor; major {r.append_majflt_per_msg:.4f}; the floor's "
+         f"{r.floor_minflt_per_msg:.4f} and {r.floor_majflt_per_msg:.4f}"),
         ("sync", f"{r.sync_msgs_per_s:,.0f} msgs/s",
          f"{r.sync_producers} producers, append 1 + wait_durable, {r.sync_messages:,} msgs, "
          f"{r.sync_timeouts} timeouts"),
@@ -650,6 +728,17 @@ def format_report(result: StoreBenchResult) -> str:
          f"{r.sync_producers} coroutines, append 1 + on_durable, "
          f"{r.sync_async_timeouts} timeouts"),
     ]
+    if r.pool_append_msgs_per_s is not None:
+        locked = "locked" if r.pool_locked else "not locked (RLIMIT_MEMLOCK)"
+        rows[4:4] = [
+            ("append, pool", f"{r.pool_append_msgs_per_s:,.0f} msgs/s",
+             f"transient store pool, {r.pool_buffers} buffers {locked}"),
+            ("append cpu, pool", f"{r.pool_append_cpu_us_per_msg:,.2f} us/msg",
+             f"ratio to floor {r.pool_ratio_to_floor:.3f} (wall), "
+             f"{r.pool_ratio_to_floor_cpu:.3f} (cpu)"),
+            ("page faults, pool", f"{r.pool_append_minflt_per_msg:.4f} /msg",
+             f"appending thread: minor; major {r.pool_append_majflt_per_msg:.4f}"),
+        ]
     head = (f"evq store benchmark: backend {r.backend}, {r.messages:,} messages, "
             f"{r.size}-byte bodies (stores settled {r.settle_seconds:.1f} s after opening)")
     w0 = max(len(a) for a, _, _ in rows)

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m tests.backends.crash_child BACKEND PATH ROUND SEED
+    python -m tests.backends.crash_child BACKEND PATH ROUND SEED [pool]
 
 It opens the store at PATH with :data:`CONFIG` (SYNC_FLUSH, 64 KiB log segments so a round
 rolls over several of them), prints ``READY`` once the store is open, then appends small
@@ -14,6 +14,10 @@ batch does a writer print one line per message of it::
     ACK <key> <topic> <queue> <queue offset> <physical offset> <msgId> <UNIQ_KEY>
 
 so every ACK line is a promise the store made: that message survives any crash from then on.
+With ``pool`` the store runs :data:`POOL_CONFIG` (ASYNC_FLUSH and the transient store pool,
+committing every 20 ms) and a writer acknowledges a batch once it is committed (readers see
+it, :attr:`max_physical_offset` reaches it) instead of durable: what the pool promises a
+killed process keeps.
 Logs go to stderr as JSON (stdout carries the protocol only).  The bodies are a function of the
 key (:func:`body_for`), so the test checks them without being told.
 """
@@ -26,6 +30,8 @@ import sys
 import threading
 import time
 import zlib
+
+import attrs
 
 from evq.backends.config import StoreConfig
 from evq.domain.log import FlushMode, PutStatus
@@ -46,6 +52,12 @@ CONFIG = StoreConfig(
     warm_segments=False,
 )
 """The store as the child runs it; the test reopens it with the same sizes."""
+
+POOL_CONFIG = attrs.evolve(
+    CONFIG, flush=FlushMode.ASYNC_FLUSH, transient_store_pool_enable=True,
+    commit_interval_ms=20, commit_thorough_interval_ms=20,
+)
+COMMIT_TIMEOUT_S = 10.0
 
 SIZES = {
     "commitlog_segment_size": CONFIG.commitlog_segment_size,
@@ -99,8 +111,9 @@ def _writer(
             time.sleep(0.002)
             continue
         end = max(r.end_offset for r in results)
-        if not log.wait_durable(end, 10.0):
-            sys.stderr.write(f"CHILD-FAIL wait_durable({end}) timed out\n")
+        if not _wait_acknowledgeable(log, end):
+            sys.stderr.write(f"CHILD-FAIL waiting for {end} to be durable or committed timed "
+                             f"out\n")
             sys.stderr.flush()
             os._exit(4)
         with out_lock:
@@ -112,13 +125,26 @@ def _writer(
                 sys.stdout.flush()
 
 
+def _wait_acknowledgeable(log, end: int) -> bool:
+    """Durable up to ``end`` (SYNC_FLUSH), or with the pool committed up to it."""
+    if log.config.flush is FlushMode.SYNC_FLUSH:
+        return bool(log.wait_durable(end, COMMIT_TIMEOUT_S))
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    while log.max_physical_offset < end:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def main(argv: list[str]) -> int:
     backend, path, round_no, seed = argv[0], argv[1], int(argv[2]), int(argv[3])
+    pool = argv[4:] == ["pool"]
     from evq import logs
     from evq.backends.registry import open_log
 
     logs.configure("info", json=True)  # to stderr: stdout is the ACK protocol
-    log = open_log(backend, path, CONFIG, background=False)
+    log = open_log(backend, path, POOL_CONFIG if pool else CONFIG, background=False)
     sys.stdout.write("READY\n")
     sys.stdout.flush()
     out_lock = threading.Lock()

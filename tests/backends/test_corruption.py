@@ -59,6 +59,8 @@ from evq.domain import record as rec
 from evq.domain.log import GetStatus, MessageLog, PutStatus
 from evq.domain.message import Prop, new_message
 
+pytestmark = pytest.mark.transient_pool_too
+
 SEGMENT = 16 * 1024  # a couple of hundred messages span four segments
 SIZES = {"commitlog_segment_size": SEGMENT}
 TOPICS = ("DamageA", "DamageB")

@@ -87,11 +87,12 @@ class _Lines(threading.Thread):
         self.ready.set()  # EOF: the child is gone, whatever it printed
 
 
-def _run_child(backend: str, store: Path, round_no: int, seed: int, kill_after: float):
+def _run_child(backend: str, store: Path, round_no: int, seed: int, kill_after: float,
+               pool: bool = False):
     """Start the child, kill it ``kill_after`` s after READY; returns (stdout lines, stderr)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.backends.crash_child", backend, str(store), str(round_no),
-         str(seed)],
+         str(seed), *(["pool"] if pool else [])],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     out, err = _Lines(proc.stdout), _Lines(proc.stderr)
@@ -241,7 +242,10 @@ def _reopen(open_log, store: Path) -> tuple[MessageLog, list[dict]]:
 
 
 @pytest.mark.slow
-def test_sigkill_rounds_lose_no_acknowledged_message(open_log, backend, tmp_path):
+@pytest.mark.transient_pool_too
+def test_sigkill_rounds_lose_no_acknowledged_message(open_log, backend, transient_pool, tmp_path):
+    """With the transient store pool (``mmap-pool``) "acknowledged" means committed: a
+    killed process loses what its buffers held, never what was in the file."""
     if not TRAITS[backend].persistent:
         pytest.skip(f"the {backend} backend keeps nothing past its process: there is no "
                     "store for a killed process to leave behind")
@@ -256,7 +260,7 @@ def test_sigkill_rounds_lose_no_acknowledged_message(open_log, backend, tmp_path
     for round_no in range(ROUNDS):
         where = f"seed {seed}, round {round_no}"
         kill_after = rng.uniform(*KILL_AFTER)
-        lines, stderr = _run_child(backend, store, round_no, seed, kill_after)
+        lines, stderr = _run_child(backend, store, round_no, seed, kill_after, transient_pool)
         fresh = _parse_acks(lines, round_no)
         for bad in ("Traceback", "CHILD-FAIL", '"level": "error"', '"level": "critical"'):
             assert bad not in stderr, f"{where}: the child wrote {bad!r}: {stderr[-3000:]}"

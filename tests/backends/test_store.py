@@ -52,6 +52,8 @@ from evq.domain.record import (
 )
 from tests.conftest import SMALL
 
+pytestmark = pytest.mark.transient_pool_too
+
 OpenLog = Callable[..., MessageLog]
 
 SEG = 64 * 1024  # SMALL.commitlog_segment_size

@@ -37,10 +37,14 @@ import mmap
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evq import durable_fs, logs
 from evq.backends import disk
 from evq.domain.log import LogError
+
+if TYPE_CHECKING:
+    from evq.backends.mmapfile.transient_pool import TransientStorePool
 
 log = logs.get_logger(__name__)
 
@@ -57,6 +61,10 @@ try:
     _libc.madvise.restype = ctypes.c_int
     _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _libc.msync.restype = ctypes.c_int
+    _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _libc.mlock.restype = ctypes.c_int
+    _libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _libc.munlock.restype = ctypes.c_int
 except (OSError, AttributeError):  # pragma: no cover - non-Linux
     _libc = None
 
@@ -94,6 +102,20 @@ def msync(mm: mmap.mmap, start: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def mlock(mm: mmap.mmap) -> str:
+    """Lock ``mm``'s pages in memory (faulting them all in); returns why it could not, or ""."""
+    if _libc is None:  # pragma: no cover - non-Linux
+        return "mlock is not available"
+    if _libc.mlock(_address(mm), len(mm)) != 0:
+        return os.strerror(ctypes.get_errno())
+    return ""
+
+
+def munlock(mm: mmap.mmap) -> None:
+    if _libc is not None and not mm.closed:
+        _libc.munlock(_address(mm), len(mm))
+
+
 def _data_end(fd: int, size: int) -> int:
     """Where the file's first hole starts (its size if it has none): the blocks before it
     are allocated.  A file system that cannot tell says the whole file is data."""
@@ -114,7 +136,8 @@ _ZEROS = bytes(_CHUNK)
 class MappedFile:
     """One segment: a file of ``size`` bytes mapped shared, read-write."""
 
-    __slots__ = ("allocated", "end", "fd", "flushed", "mm", "path", "size", "start", "wrote")
+    __slots__ = ("allocated", "buffer", "committed", "end", "fd", "flushed", "mm", "path", "size",
+                 "start", "writer", "wrote")
 
     def __init__(
         self, path: Path, start: int, size: int, *, create: bool, allocate: int = 0,
@@ -142,6 +165,49 @@ class MappedFile:
             raise
         self.wrote = 0
         self.flushed = 0
+        # With a transient store pool buffer (see transient_pool.py) appends go to ``writer``,
+        # the buffer, and reach the file below ``committed`` only; without one ``writer`` is
+        # the mapping and ``committed`` is not kept (everything written is in the file).
+        self.buffer: mmap.mmap | None = None
+        self.writer: mmap.mmap = self.mm
+        self.committed = 0
+
+    @property
+    def read_end(self) -> int:
+        """Where what readers may see ends: the bytes in the file (RocketMQ's
+        ``getReadPosition``)."""
+        return self.wrote if self.buffer is None else self.committed
+
+    def attach(self, buffer: mmap.mmap) -> None:
+        """Append into ``buffer`` from now on; what was written so far is in the file."""
+        self.committed = self.wrote
+        self.buffer = self.writer = buffer
+
+    def detach(self, *, force: bool = False) -> mmap.mmap | None:
+        """Give up the buffer if everything written into it is committed (or, with
+        ``force``, whatever it holds: the segment is being cut or removed); returns it."""
+        buf = self.buffer
+        if buf is None or (self.committed != self.wrote and not force):
+            return None
+        self.buffer = None  # read_end is wrote from here on, equal to committed
+        self.writer = self.mm
+        return buf
+
+    def commit(self) -> int:
+        """Write the buffer's ``[committed, wrote)`` to the file; returns the new committed
+        position.  ``pwrite`` releases the GIL for the copy into the page cache, and lands
+        on blocks the writer reserved before it appended (:meth:`reserve`), so a full disk
+        never fails it; should it fail anyway, nothing moves and the next commit retries."""
+        buf = self.buffer
+        if buf is None:
+            return self.wrote
+        target, pos = self.wrote, self.committed
+        if target > pos:
+            with memoryview(buf) as view:
+                while pos < target:
+                    pos += os.pwrite(self.fd, view[pos:target], pos)
+            self.committed = target
+        return target
 
     def reserve(self, end: int) -> None:
         """Make sure the blocks of the first ``end`` bytes are allocated (a whole chunk
@@ -162,13 +228,15 @@ class MappedFile:
         self.mm.madvise(mmap.MADV_RANDOM)
 
     def flush(self) -> int:
-        """msync what was written since the last flush; returns the new flushed position.
+        """msync what was written (with a pool buffer: committed) since the last flush;
+        returns the new flushed position.  An msync of a range syncs the file's pages there
+        whoever dirtied them, the mapping or a commit's ``pwrite``.
 
         Only the written range: warming dirties pages ahead of the writer with zeros, and an
         fdatasync of the file would write them too, on the sync-flush path, and undo the
         warming.
         """
-        target = self.wrote
+        target = self.read_end
         if target > self.flushed:
             start = self.flushed - self.flushed % mmap.ALLOCATIONGRANULARITY
             msync(self.mm, start, target - start)
@@ -235,7 +303,7 @@ class Allocator:
         self._lock = threading.Condition()
         # path -> start, size, warm, allocate
         self._build: dict[Path, tuple[int, int, int, int]] = {}
-        self._to_warm: list[tuple[MappedFile, int, int]] = []
+        self._to_warm: list[tuple[mmap.mmap, int, int]] = []
         self._ready: dict[Path, MappedFile] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="evq-allocate", daemon=True)
@@ -264,13 +332,14 @@ class Allocator:
         self._request(build=(path, start, size, warm, allocate))
 
     def warm_ahead(self, mf: MappedFile, pos: int) -> int:
-        """Fault in ``mf``'s pages from ``pos`` to the end of the chunk after the one holding
-        ``pos``, in the background; returns the log offset at which to ask again (the next
-        chunk boundary, where a whole chunk is still warm ahead)."""
+        """Fault in the pages ``mf``'s writer appends into (its mapping, or its transient
+        store pool buffer) from ``pos`` to the end of the chunk after the one holding ``pos``,
+        in the background; returns the log offset at which to ask again (the next chunk
+        boundary, where a whole chunk is still warm ahead)."""
         chunk = pos // WARM_CHUNK + 1
         end = min(mf.size, (chunk + 1) * WARM_CHUNK)
         if end > pos:
-            self._request(warm=(mf, pos, end - pos))
+            self._request(warm=(mf.writer, pos, end - pos))
         return mf.start + min(mf.size, chunk * WARM_CHUNK)
 
     def prefetch(self, current: MappedFile) -> None:
@@ -282,7 +351,7 @@ class Allocator:
     def _request(
         self,
         *,
-        warm: tuple[MappedFile, int, int] | None = None,
+        warm: tuple[mmap.mmap, int, int] | None = None,
         build: tuple[Path, int, int, int, int] | None = None,
     ) -> None:
         with self._lock:
@@ -304,9 +373,9 @@ class Allocator:
                 warm = self._to_warm.pop(0) if self._to_warm else None
                 job = next(iter(self._build.items())) if warm is None else None
             if warm is not None:
-                mf, offset, size = warm
+                mm, offset, size = warm
                 with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                    self._fault_in(mf.mm, offset, size)
+                    self._fault_in(mm, offset, size)
                 continue
             assert job is not None
             path, (start, size, warm_bytes, allocate) = job
@@ -351,17 +420,24 @@ class MappedFileQueue:
         *,
         random_access: bool = False,
         pending: durable_fs.PendingSyncs | None = None,
+        pool: TransientStorePool | None = None,
     ):
         """``random_access``: see :meth:`MappedFile.advise_random`.  ``pending``: segments
         and directories created without an allocator are made durable when it is synced
-        instead of at once (see :mod:`evq.durable_fs`)."""
+        instead of at once (see :mod:`evq.durable_fs`).  ``pool``: the write segment
+        appends into one of its buffers, which :meth:`commit` writes to the file (see
+        :mod:`evq.backends.mmapfile.transient_pool`)."""
         self.directory = directory
         self.segment_size = segment_size
         self.allocator = allocator
         self.random_access = random_access
         self.pending = pending
+        self.pool = pool
         self.files: list[MappedFile] = []
         self.lock = threading.RLock()
+        # Held by whoever commits or changes buffered segments: the commit service, a writer
+        # short of a buffer, truncation.  Taken after the store's put lock, before ``lock``.
+        self.commit_lock = threading.Lock()
 
     def load(self) -> None:
         """Map the existing segments (positions are set by recovery)."""
@@ -398,8 +474,55 @@ class MappedFileQueue:
         last = self.files[-1]
         return last.start + last.wrote
 
+    @property
+    def read_end(self) -> int:
+        """Where what readers may see ends in the logical file: :attr:`max_offset` without a
+        pool, else the committed end (only the last segments hold buffers)."""
+        files = self.files
+        end = files[-1].start + files[-1].wrote if files else 0
+        for mf in reversed(files):
+            if mf.buffer is None:
+                break
+            if mf.committed < mf.wrote:
+                end = mf.start + mf.committed
+        return end
+
     def last(self) -> MappedFile | None:
         return self.files[-1] if self.files else None
+
+    # --- the transient store pool ---------------------------------------------------------
+
+    def lend_buffer(self, mf: MappedFile) -> None:
+        """Give the write segment ``mf`` a pool buffer (none without a pool, or once full).
+        With every buffer waiting for its segment's last commit, commit those first."""
+        if self.pool is None or mf.buffer is not None or mf.wrote >= mf.size:
+            return
+        buf = self.pool.borrow()
+        if buf is None:
+            self.commit()
+            buf = self.pool.borrow()
+        if buf is None:  # every buffer held by a segment that is not full: cannot happen
+            raise RuntimeError("transient store pool exhausted by segments still written")
+        mf.attach(buf)
+
+    def commit(self) -> int:
+        """Write every buffered segment's new bytes to its file and give the buffers of full,
+        committed segments back; returns :attr:`read_end`."""
+        if self.pool is None:
+            return self.max_offset
+        with self.commit_lock:
+            with self.lock:
+                files = [mf for mf in self.files if mf.buffer is not None]
+            for mf in files:
+                mf.commit()
+                if mf.wrote == mf.size:  # full: nothing will be written to it again
+                    self._give_back(mf)
+        return self.read_end
+
+    def _give_back(self, mf: MappedFile, *, force: bool = False) -> None:
+        buf = mf.detach(force=force)
+        if buf is not None and self.pool is not None:
+            self.pool.give_back(buf)
 
     def new_segment(self, start: int) -> MappedFile:
         """Append the segment beginning at ``start`` (the end of the last one, or any offset
@@ -411,6 +534,7 @@ class MappedFileQueue:
         else:  # a file written a little at a time: its writer reserves ahead
             mf = MappedFile(path, start, self.segment_size, create=True, pending=self.pending)
         self._advised(mf)
+        self.lend_buffer(mf)
         with self.lock:
             self.files.append(mf)
         return mf
@@ -438,27 +562,32 @@ class MappedFileQueue:
         holding it is zeroed from there, so no stale record can reappear behind new ones.
         Returns how many bytes of data were dropped."""
         dropped = 0
-        with self.lock:
+        with self.commit_lock, self.lock:
             keep: list[MappedFile] = []
             for mf in self.files:
                 if mf.start > offset or (mf.start == offset and keep):
                     dropped += mf.zero_from(0)
+                    self._give_back(mf, force=True)
                     mf.destroy()
                     continue
                 pos = min(offset - mf.start, mf.size)
                 dropped += mf.zero_from(pos)
                 mf.wrote = pos
                 mf.flushed = min(mf.flushed, pos)
+                mf.committed = min(mf.committed, pos)
                 keep.append(mf)
             self.files = keep
+        if keep:
+            self.lend_buffer(keep[-1])  # the write segment again, perhaps no longer full
         return dropped
 
     def begin_at(self, start: int) -> MappedFile:
         """Drop every segment (and the successor pre-built for the last, which would leave a
         gap before ``start`` on disk) and begin the queue at ``start``."""
-        with self.lock:
+        with self.commit_lock, self.lock:
             gone, self.files = self.files, []
         for mf in gone:
+            self._give_back(mf, force=True)
             mf.destroy()
             if self.allocator is not None:
                 self.allocator.take(self.directory / segment_name(mf.end), mf.end, mf.size,
@@ -467,21 +596,23 @@ class MappedFileQueue:
 
     def delete_first(self, count: int) -> list[MappedFile]:
         """Remove the ``count`` oldest segments (expiry); never the last one."""
-        with self.lock:
+        with self.commit_lock, self.lock:
             count = min(count, max(len(self.files) - 1, 0))
             gone, self.files = self.files[:count], self.files[count:]
         for mf in gone:
+            self._give_back(mf, force=True)
             mf.destroy()
         return gone
 
     def flush(self) -> None:
         for mf in list(self.files):
-            if mf.wrote > mf.flushed:
+            if mf.read_end > mf.flushed:
                 mf.flush()
 
     def close(self) -> None:
-        with self.lock:
+        with self.commit_lock, self.lock:
             for mf in self.files:
+                self._give_back(mf, force=True)
                 mf.close()
             self.files = []
 

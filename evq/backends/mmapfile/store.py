@@ -33,12 +33,14 @@ from pathlib import Path
 
 from evq import durable_fs, logs
 from evq.backends import disk, rules
-from evq.backends.config import StoreConfig
+from evq.backends.config import StoreConfig, transient_pool_refusal
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
+from evq.backends.mmapfile.commit import CommitService
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
+from evq.backends.mmapfile.transient_pool import TransientStorePool
 from evq.backends.shell import StoreShell
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
@@ -115,11 +117,28 @@ class MmapMessageLog(StoreShell):
         self._allocator = Allocator(warm=config.warm_segments,
                                     allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
         self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
+        self._pool = self._transient_pool(config)
+        self._committer: CommitService | None = None
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
-                                    self._allocator)
+                                    self._allocator, pool=self._pool)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator)
         self._checkpoint: Checkpoint | None = None
+
+    def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
+        """The transient store pool if the config enables it and its rule allows it (see
+        :func:`evq.backends.config.transient_pool_refusal`; a warning says why not)."""
+        if not config.transient_store_pool_enable:
+            return None
+        why = transient_pool_refusal(config)
+        if why:
+            log.warning("transient_store_pool_ignored", path=str(self.root), reason=why)
+            return None
+        log.info("transient_store_pool_enabled", path=str(self.root),
+                 buffers=config.transient_store_pool_size,
+                 buffer_bytes=config.commitlog_segment_size)
+        return TransientStorePool(config.transient_store_pool_size,
+                                  config.commitlog_segment_size)
 
     # --- opening and recovery ------------------------------------------------------------
 
@@ -161,6 +180,23 @@ class MmapMessageLog(StoreShell):
             log.warning("store_opened_on_full_disk", path=str(self.root), error=str(exc))
             self._found_no_space(exc)
         self._index.prepare(self._clock.now_ms())
+        if self._pool is not None:
+            self._committer = CommitService(
+                self._log, self.config, notify=self._subscribers.notify,
+                committed=self._wake_flusher, failed=self._commit_failed,
+            )
+
+    def _wake_flusher(self) -> None:
+        flusher = self._flusher
+        if flusher is not None:
+            flusher.wake()
+
+    def _commit_failed(self, exc: OSError) -> None:
+        """A commit that found no space (the blocks are reserved before an append, so only a
+        file system that takes more for its own bookkeeping): refuse puts until there is
+        room; the bytes stay in the pool buffers and the next commit writes them."""
+        if disk.no_space(exc):
+            self._found_no_space(exc)
 
     def _allocate_again(self) -> None:
         last = self._log.last()
@@ -168,6 +204,7 @@ class MmapMessageLog(StoreShell):
             self._log.new_segment(0)
         else:
             last.reserve(last.wrote + rec.BLANK_SIZE)
+            self._log.lend_buffer(last)
             self._allocator.prefetch(last)
 
     def _load_consume_queues(self) -> None:
@@ -385,7 +422,9 @@ class MmapMessageLog(StoreShell):
                 now = self._last_store_ts
             self._last_store_ts = now
             mf = self._log.files[-1]
-            mm, start, pos, seg = mf.mm, mf.start, mf.wrote, mf.size
+            # The mapping, or with a transient store pool the buffer the commit service writes
+            # to the file: readers never look there (see _queue_end, MappedFile.read_end).
+            mm, start, pos, seg = mf.writer, mf.start, mf.wrote, mf.size
             cqs, host = self._cqs, self._host
             store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
             min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
@@ -408,7 +447,7 @@ class MmapMessageLog(StoreShell):
                                 _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
                             mf.wrote = pos = seg
                             mf = self._log.new_segment(mf.end)
-                            mm, start, pos = mf.mm, mf.start, 0
+                            mm, start, pos = mf.writer, mf.start, 0
                             self._note_usage()
                         # Allocated before a byte of the record is written (or OSError).
                         mf.reserve(pos + n + rec.BLANK_SIZE)
@@ -461,7 +500,10 @@ class MmapMessageLog(StoreShell):
             if start + pos >= self._warm_at:
                 self._warm_at = self._allocator.warm_ahead(mf, pos)
             if notify:
-                self._subscribers.notify(notify)
+                if self._committer is not None:  # announced once they are in the file
+                    self._committer.defer(start + pos, notify)
+                else:
+                    self._subscribers.notify(notify)
         return AppendedBatch(places, now, host)
 
     def _put_index(self, indexed: list[tuple[tuple[int, ...], int]], now: int) -> None:
@@ -484,12 +526,15 @@ class MmapMessageLog(StoreShell):
 
         Not under the put lock: appends only add bytes past ``wrote`` and segments after the
         last, so the segment list's own lock gives a consistent snapshot without making the
-        group commit queue behind writers.
+        group commit queue behind writers.  With a transient store pool everything written
+        is committed first (this is also the last flush at close).
         """
+        if self._committer is not None:
+            target = max(target, self._committer.commit_now())
         with self._log.lock:
             files = list(self._log.files)
         for mf in files:
-            if mf.flushed < mf.wrote and mf.start < target:
+            if mf.flushed < mf.read_end and mf.start < target:
                 mf.flush()
         durable = target
         for mf in files:
@@ -530,18 +575,48 @@ class MmapMessageLog(StoreShell):
         if cq is None:
             return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         return rules.read_queue(
-            offset, cq.min_offset, cq.next_offset, max_count=max_count, max_bytes=max_bytes,
+            offset, cq.min_offset, self._queue_end(cq), max_count=max_count, max_bytes=max_bytes,
             tag_filter=tag_filter, entries=lambda qo, n: list(cq.entries(qo, n)),
             view=self._view, log_min=self._log.min_offset,
             entries_per_file=self.config.consume_queue_entries,
         )
+
+    def _queue_end(self, cq: ConsumeQueue) -> int:
+        """The queue offset past the last entry whose record readers may see.
+
+        Without a pool, the queue's end.  With one, entries are written at append time, before
+        their records reach the file: the end is the first entry whose record lies past the
+        committed end of the log (entries follow the log, so a binary search finds it; an
+        entry still being written counts as past).  Reads stop there, rather than skip a
+        record they cannot see yet and move the consumer past it for good.
+        """
+        hi = cq.next_offset
+        if self._pool is None:
+            return hi
+        committed = self._log.read_end
+
+        def unseen(qo: int) -> bool:
+            e = cq.entry(qo)
+            return e is None or (e[1] != BLANK_ENTRY_SIZE and e[0] + e[1] > committed)
+
+        lo = cq.min_offset
+        if hi <= lo or not unseen(hi - 1):
+            return hi
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if unseen(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
 
     def _view(self, phys: int, size: int) -> memoryview | None:
         mf = self._log.find(phys)
         if mf is None:
             return None
         rel = phys - mf.start
-        if rel + size > mf.wrote:
+        if rel + size > mf.read_end:
             return None
         return memoryview(mf.mm)[rel : rel + size]
 
@@ -552,10 +627,12 @@ class MmapMessageLog(StoreShell):
         if mf is None or physical_offset < self._log.min_offset:
             return None
         rel = physical_offset - mf.start
+        if rel + rec.BLANK_SIZE > mf.read_end:
+            return None
         size, magic = rec.peek(mf.mm, rel)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return None
-        if rel + size > mf.wrote:
+        if rel + size > mf.read_end:
             return None
         if _INT64.unpack_from(mf.mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
             return None
@@ -582,13 +659,13 @@ class MmapMessageLog(StoreShell):
 
     def _store_ts_at_phys(self, phys: int) -> int:
         mf = self._log.find(phys)
-        if mf is None or phys < self._log.min_offset:
+        if mf is None or phys < self._log.min_offset or phys - mf.start >= mf.read_end:
             return -1
         return self._store_ts_in(mf, phys - mf.start)
 
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))
-        if cq is None or not cq.min_offset <= offset < cq.next_offset:
+        if cq is None or not cq.min_offset <= offset < self._queue_end(cq):
             return -1
         e = cq.entry(offset)
         if e is None or e[1] == BLANK_ENTRY_SIZE:
@@ -597,7 +674,7 @@ class MmapMessageLog(StoreShell):
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         cq = self._cqs.get((topic, queue_id))
-        return (cq.min_offset, cq.next_offset) if cq is not None else (0, 0)
+        return (cq.min_offset, self._queue_end(cq)) if cq is not None else (0, 0)
 
     def queues(self) -> dict[tuple[str, int], int]:
         with self._put_lock:
@@ -611,10 +688,12 @@ class MmapMessageLog(StoreShell):
 
     @property
     def max_physical_offset(self) -> int:
-        return self._log.max_offset
+        """The end of what readers see: with a transient store pool, of what is committed
+        (RocketMQ's ``getMaxPhyOffset``); replication ships no further."""
+        return self._log.read_end
 
     def _log_end(self) -> int:
-        return self._log.max_offset
+        return self._log.read_end
 
     def read_log(self, physical_offset: int, max_bytes: int) -> bytes:
         if self._closed:
@@ -623,13 +702,13 @@ class MmapMessageLog(StoreShell):
         if mf is None:
             return b""
         rel = physical_offset - mf.start
-        return mf.mm[rel : min(mf.wrote, rel + max_bytes)]
+        return mf.mm[rel : min(mf.read_end, rel + max_bytes)]
 
     def append_replicated(self, physical_offset: int, data: bytes | memoryview) -> int:
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
-            end = self.max_physical_offset
+            end = self._log.max_offset
             if physical_offset != end:
                 raise ReplicationError(
                     f"replicated bytes start at {physical_offset}, this log ends at {end}"
@@ -643,10 +722,12 @@ class MmapMessageLog(StoreShell):
                     mf = self._log.new_segment(mf.end)
                 n = min(len(view), mf.size - mf.wrote)
                 mf.reserve(mf.wrote + n)  # a full disk: OSError, and the slave asks again
-                mf.mm[mf.wrote : mf.wrote + n] = view[:n]
+                mf.writer[mf.wrote : mf.wrote + n] = view[:n]
                 mf.wrote += n
                 view = view[n:]
-            new_end = self.max_physical_offset
+            # A slave runs without the pool (transient_pool_refusal); should a store with one
+            # take replicated bytes, they are committed at once, for the scan reads the file.
+            new_end = self._log.commit()
             reached = self._scan(self._dispatched, dispatch_from=self._dispatched, check_crc=True)
             # Records may be split across transfers: an incomplete tail waits for the rest.
             if reached < new_end and not self._incomplete_tail(reached, new_end):
@@ -683,7 +764,7 @@ class MmapMessageLog(StoreShell):
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
-            if physical_offset >= self.max_physical_offset:
+            if physical_offset >= self._log.max_offset:
                 return
             self._cut(physical_offset)
             self._dispatched = min(self._dispatched, physical_offset)
@@ -718,10 +799,14 @@ class MmapMessageLog(StoreShell):
         return ExpiryReport(len(gone), deleted, log_min)
 
     def _release_files(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
         self._allocator.close()
         for cq in self._cqs.values():
             cq.close()
         self._index.close()
         self._log.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
