@@ -149,9 +149,8 @@ class HAMaster:
             return PutStatus.PUT_OK
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._seq), future))
-        try:
-            async with asyncio.timeout(timeout):
-                ok = await future
+        try:  # wait_for, not asyncio.timeout: this runs in an eager handler's first step
+            ok = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             return PutStatus.FLUSH_SLAVE_TIMEOUT
         return PutStatus.PUT_OK if ok else PutStatus.FLUSH_SLAVE_TIMEOUT

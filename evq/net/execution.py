@@ -5,7 +5,9 @@ of them (and a C++ client drops its connection when a heartbeat waits over 3 s).
 
 * **On the loop:** framing, dispatch, and store calls that touch only memory and the page
   cache: appending a message (a copy into a mapped segment), reading a queue, lookups.  They
-  cost microseconds, and a thread hop would cost more than the work.
+  cost microseconds, and a thread hop would cost more than the work.  The servers' handlers
+  start inside the read callback (:class:`~evq.net.transport.Dispatcher`'s ``eager``), so a
+  request that needs nothing else is answered before the loop turns, with no task at all.
 * **In a worker thread** (:func:`blocking`): any call that may wait on a disk, a lock held
   across disk work or a peer: metadata writes (a topic or group auto-created, an offsets
   snapshot) append, wait for durability (up to the flush timeout under SYNC_FLUSH) and commit

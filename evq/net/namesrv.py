@@ -113,7 +113,7 @@ class NameServer:
         if acl_file is not None:
             handlers = {code: self._admin_only(h) if code in WRITE_CODES else h
                         for code, h in handlers.items()}
-        self._server = RemotingServer(host, port, Dispatcher(handlers), config=config,
+        self._server = RemotingServer(host, port, Dispatcher(handlers, eager=True), config=config,
                                       clock=clock, tls=tls)
 
     @property

@@ -15,6 +15,7 @@ from evq.net.broker import BrokerServer
 from evq.net.codes import RequestCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
 from evq.net.transport import (
+    REQUEST_TASK_NAME,
     Connection,
     Dispatcher,
     Handler,
@@ -37,10 +38,12 @@ async def echo(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
 
 @contextlib.asynccontextmanager
 async def serving(
-    handlers: Mapping[int, Handler], clock: Clock | None = None, **config: float
+    handlers: Mapping[int, Handler], clock: Clock | None = None, *, eager: bool = False,
+    **config: float,
 ) -> AsyncIterator[RemotingServer]:
     server = RemotingServer(
-        HOST, 0, Dispatcher(handlers), config=TransportConfig(**config),  # type: ignore[arg-type]
+        HOST, 0, Dispatcher(handlers, eager=eager),
+        config=TransportConfig(**config),  # type: ignore[arg-type]
         clock=clock or ManualClock(),
     )
     await server.start()
@@ -105,8 +108,7 @@ async def broker(data: Path, **values: object) -> AsyncIterator[BrokerServer]:
 def handler_tasks() -> list[asyncio.Task[object]]:
     """Tasks answering a peer's request, on every connection of this loop."""
     return [
-        t for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "") == "Connection._handle"
+        t for t in asyncio.all_tasks() if t.get_name() == REQUEST_TASK_NAME
     ]
 
 

@@ -18,6 +18,7 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import (
+    REQUEST_TASK_NAME,
     ConnectError,
     Connection,
     ConnectionClosed,
@@ -44,8 +45,9 @@ from tests.net.harness import (
 # --- request/response ------------------------------------------------------------------------
 
 
-async def test_request_and_response_round_trip() -> None:
-    async with serving({ECHO: echo}) as server, client_of(server) as client:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_request_and_response_round_trip(eager: bool) -> None:
+    async with serving({ECHO: echo}, eager=eager) as server, client_of(server) as client:
         request = RemotingCommand.request(ECHO, {"topic": "T", "queueId": 3}, b"body")
         response = await client.invoke(request, TIMEOUT)
         assert response.is_response
@@ -60,7 +62,8 @@ async def test_request_and_response_round_trip() -> None:
         assert second.opaque == request.opaque + 1
 
 
-async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection(eager: bool) -> None:
     release = asyncio.Event()
     parked = 0
 
@@ -73,7 +76,8 @@ async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection() -
     async def heartbeat(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.response()
 
-    async with serving({SLOW: long_poll, FAST: heartbeat}) as server, client_of(server) as client:
+    handlers = {SLOW: long_poll, FAST: heartbeat}
+    async with serving(handlers, eager=eager) as server, client_of(server) as client:
         polls = [
             asyncio.create_task(client.invoke(RemotingCommand.request(SLOW, {"n": i}), TIMEOUT))
             for i in range(100)
@@ -89,14 +93,15 @@ async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection() -
         assert [a.ext_fields["n"] for a in answers] == [str(i) for i in range(100)]
 
 
-async def test_answers_go_out_in_completion_order_matched_by_opaque() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_answers_go_out_in_completion_order_matched_by_opaque(eager: bool) -> None:
     gates = {"a": asyncio.Event(), "b": asyncio.Event()}
 
     async def gated(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         await gates[cmd.ext_fields["gate"]].wait()
         return cmd.response(fields={"gate": cmd.ext_fields["gate"]})
 
-    async with serving({SLOW: gated}) as server, RawPeer.connect(server) as peer:
+    async with serving({SLOW: gated}, eager=eager) as server, RawPeer.connect(server) as peer:
         first = RemotingCommand(code=SLOW, opaque=1, ext_fields={"gate": "a"})
         second = RemotingCommand(code=SLOW, opaque=2, ext_fields={"gate": "b"})
         await peer.send(first.encode() + second.encode())
@@ -110,14 +115,15 @@ async def test_answers_go_out_in_completion_order_matched_by_opaque() -> None:
         assert (answer.opaque, answer.ext_fields["gate"]) == (1, "a")
 
 
-async def test_oneway_requests_run_and_get_no_answer() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_oneway_requests_run_and_get_no_answer(eager: bool) -> None:
     seen: list[int] = []
 
     async def record(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         seen.append(cmd.opaque)
         return cmd.response()
 
-    async with serving({ECHO: record}) as server, RawPeer.connect(server) as peer:
+    async with serving({ECHO: record}, eager=eager) as server, RawPeer.connect(server) as peer:
         oneway = RemotingCommand(code=ECHO, opaque=1, flag=2)
         normal = RemotingCommand(code=ECHO, opaque=2)
         await peer.send(oneway.encode())
@@ -142,7 +148,8 @@ async def test_client_oneway_reaches_the_handler() -> None:
         await asyncio.wait_for(got.wait(), TIMEOUT)
 
 
-async def test_a_oneway_request_finishes_after_its_sender_hangs_up() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_a_oneway_request_finishes_after_its_sender_hangs_up(eager: bool) -> None:
     started, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def slow(conn: Connection, cmd: RemotingCommand) -> None:
@@ -154,7 +161,7 @@ async def test_a_oneway_request_finishes_after_its_sender_hangs_up() -> None:
         await asyncio.Event().wait()  # a two-way request nobody will read: cancelled
         return cmd.response()
 
-    async with serving({ECHO: slow, SLOW: parked}) as server:
+    async with serving({ECHO: slow, SLOW: parked}, eager=eager) as server:
         async with RawPeer.connect(server) as peer:
             await peer.send(RemotingCommand(code=ECHO, opaque=1, flag=2).encode())
             await peer.send(RemotingCommand(code=SLOW, opaque=2).encode())
@@ -162,6 +169,54 @@ async def test_a_oneway_request_finishes_after_its_sender_hangs_up() -> None:
         await eventually(lambda: not server.connections)
         release.set()
         await asyncio.wait_for(finished.wait(), TIMEOUT)
+
+
+async def test_an_eager_handler_that_never_suspends_is_answered_without_a_task() -> None:
+    tasks: list[asyncio.Task[object] | None] = []
+
+    async def inline(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        tasks.append(asyncio.current_task())
+        if cmd.ext_fields.get("yield"):
+            await asyncio.sleep(0)
+        tasks.append(asyncio.current_task())
+        return cmd.response(fields={"n": cmd.ext_fields["n"]})
+
+    async with serving({ECHO: inline}, eager=True) as server, client_of(server) as client:
+        answer = await client.invoke(RemotingCommand.request(ECHO, {"n": "1"}), TIMEOUT)
+        assert (answer.code, answer.ext_fields["n"]) == (ResponseCode.SUCCESS, "1")
+        assert tasks == [None, None]  # ran in the read callback from start to answer
+        tasks.clear()
+        answer = await client.invoke(
+            RemotingCommand.request(ECHO, {"n": "2", "yield": "1"}), TIMEOUT)
+        assert answer.ext_fields["n"] == "2"
+        first, rest = tasks
+        assert first is None and rest is not None  # suspended once: the rest ran in a task
+        assert rest.get_name() == REQUEST_TASK_NAME
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_shutdown_cancels_handlers_that_outlive_the_grace(eager: bool) -> None:
+    cancelled = asyncio.Event()
+
+    async def forever(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    server = RemotingServer(HOST, 0, Dispatcher({SLOW: forever}, eager=eager))
+    await server.start()
+    async with client_of(server) as client:
+        poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
+        await eventually(lambda: any(c.in_flight for c in server.connections))
+        with capture_logs() as logs:
+            await server.shutdown(grace=0.05)
+        assert "cancelling handlers still running after grace" in [e["event"] for e in logs]
+        assert cancelled.is_set()  # the cancellation reached the handler's own await
+        with pytest.raises(ConnectionClosed):
+            await poll
 
 
 # --- errors answered ---------------------------------------------------------------------------
@@ -174,7 +229,8 @@ async def test_unknown_code_is_not_supported() -> None:
         assert answer.remark == " request type 9999 not supported"
 
 
-async def test_handler_failures_are_answered_and_the_connection_survives() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_handler_failures_are_answered_and_the_connection_survives(eager: bool) -> None:
     async def refuse(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, "topic[T] not exist")
 
@@ -185,7 +241,7 @@ async def test_handler_failures_are_answered_and_the_connection_survives() -> No
         return cmd.response(fields={"q": cmd.get_int("queueId")})
 
     handlers = {1001: refuse, 1002: crash, 1003: needs_field, ECHO: echo}
-    async with serving(handlers) as server, client_of(server) as client:
+    async with serving(handlers, eager=eager) as server, client_of(server) as client:
         refused = await client.invoke(RemotingCommand.request(1001), TIMEOUT)
         assert refused.code == ResponseCode.TOPIC_NOT_EXIST
         assert refused.remark == "topic[T] not exist"
@@ -312,7 +368,8 @@ async def test_pipelined_requests_cost_one_answer_beyond_the_mark_however_many_m
             received += 1
 
 
-async def test_requests_held_by_running_handlers_are_bounded_in_bytes() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_requests_held_by_running_handlers_are_bounded_in_bytes(eager: bool) -> None:
     release = asyncio.Event()
     started = 0
     body, limit = 1024 * 1024, 4 * 1024 * 1024
@@ -323,7 +380,7 @@ async def test_requests_held_by_running_handlers_are_bounded_in_bytes() -> None:
         await release.wait()
         return cmd.response()
 
-    async with serving({SLOW: parked}, max_request_bytes=limit) as server, \
+    async with serving({SLOW: parked}, max_request_bytes=limit, eager=eager) as server, \
             RawPeer.connect(server) as peer:
         sender = asyncio.create_task(peer.send(b"".join(
             RemotingCommand(code=SLOW, opaque=i, body=bytes(body)).encode()
@@ -366,29 +423,28 @@ def test_config_refuses_inconsistent_limits(limits: dict[str, int]) -> None:
         TransportConfig(**limits)  # type: ignore[arg-type]
 
 
-async def test_in_flight_cap_per_connection() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_in_flight_cap_per_connection(eager: bool) -> None:
     release = asyncio.Event()
     started = 0
-    most_seen = 0
 
     async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        nonlocal started, most_seen
+        nonlocal started
         started += 1
-        most_seen = max(most_seen, conn.in_flight)
         await release.wait()
         return cmd.response()
 
-    async with serving({SLOW: parked}, max_in_flight=2) as server, \
+    async with serving({SLOW: parked}, max_in_flight=2, eager=eager) as server, \
             RawPeer.connect(server) as peer:
         await peer.send(b"".join(RemotingCommand(code=SLOW, opaque=i).encode() for i in (1, 2, 3)))
         await eventually(lambda: started == 2)
         (conn,) = server.connections
         assert conn.reading_paused
+        assert conn.in_flight == 2  # the third waits, undecoded, in the buffer
         release.set()
         answers = [await peer.receive() for _ in range(3)]
         assert sorted(a.opaque for a in answers if a) == [1, 2, 3]
         assert started == 3
-        assert most_seen == 2
 
 
 async def test_idle_connections_are_closed_by_the_clock() -> None:
@@ -544,23 +600,6 @@ async def test_graceful_shutdown_answers_in_flight_requests_and_stops_accepting(
         assert answer.ext_fields == {"done": "true"}
         await stopping
         assert server.connections == frozenset()
-
-
-async def test_shutdown_cancels_handlers_that_outlive_the_grace() -> None:
-    async def forever(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-    server = RemotingServer(HOST, 0, Dispatcher({SLOW: forever}))
-    await server.start()
-    async with client_of(server) as client:
-        poll = asyncio.create_task(client.invoke(RemotingCommand.request(SLOW), TIMEOUT))
-        await eventually(lambda: any(c.in_flight for c in server.connections))
-        with capture_logs() as logs:
-            await server.shutdown(grace=0.05)
-        assert "cancelling handlers still running after grace" in [e["event"] for e in logs]
-        with pytest.raises(ConnectionClosed):
-            await poll
 
 
 CHILD = Path(__file__).with_name("signal_child.py")

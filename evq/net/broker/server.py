@@ -100,7 +100,7 @@ class BrokerServer:
                  transport: TransportConfig | None = None) -> None:
         self.settings = settings
         self._clock = clock
-        self._dispatcher = Dispatcher()
+        self._dispatcher = Dispatcher(eager=True)
         self._server_tls = settings.tls.server()
         self._client_tls = settings.tls.client()
         credentials = settings.net.credentials
