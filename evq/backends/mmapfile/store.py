@@ -39,6 +39,7 @@ from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
+from evq.backends.mmapfile.point_reads import PointReads
 from evq.backends.shell import StoreShell
 from evq.domain import record as rec
 from evq.domain import sysflag as sf
@@ -119,6 +120,7 @@ class MmapMessageLog(StoreShell):
                                     self._allocator)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator)
+        self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
 
     # --- opening and recovery ------------------------------------------------------------
@@ -247,12 +249,12 @@ class MmapMessageLog(StoreShell):
         size, magic = rec.peek(mf.mm, 0)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return -1
-        return self._store_ts_in(mf, 0)
+        return self._store_ts_in(mf.mm, 0)
 
     @staticmethod
-    def _store_ts_in(mf: MappedFile, rel: int) -> int:
-        (flags,) = _SYSFLAG.unpack_from(mf.mm, rel + rec.SYSFLAG_AT)
-        return _INT64.unpack_from(mf.mm, rel + rec.store_timestamp_at(flags))[0]
+    def _store_ts_in(mm: mmap.mmap, rel: int) -> int:
+        (flags,) = _SYSFLAG.unpack_from(mm, rel + rec.SYSFLAG_AT)
+        return _INT64.unpack_from(mm, rel + rec.store_timestamp_at(flags))[0]
 
     def _cq_coverage(self, cq: ConsumeQueue) -> int:
         """Log offset just past the last record this queue has an entry for."""
@@ -361,6 +363,7 @@ class MmapMessageLog(StoreShell):
     def _cut(self, end: int) -> int:
         """Truncate the log and every projection at ``end``; returns the bytes dropped."""
         dropped = self._log.truncate(end)
+        self._point_reads.keep(self._log.files)
         if dropped:
             log.warning("commitlog_truncated", at=end, cut_bytes=dropped)
         for cq in self._cqs.values():
@@ -552,14 +555,17 @@ class MmapMessageLog(StoreShell):
         if mf is None or physical_offset < self._log.min_offset:
             return None
         rel = physical_offset - mf.start
-        size, magic = rec.peek(mf.mm, rel)
+        if rel + rec.MIN_RECORD_SIZE > mf.wrote:
+            return None
+        mm = self._point_reads.mapping(mf)
+        size, magic = rec.peek(mm, rel)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return None
         if rel + size > mf.wrote:
             return None
-        if _INT64.unpack_from(mf.mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
+        if _INT64.unpack_from(mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
             return None
-        return memoryview(mf.mm)[rel : rel + size]
+        return memoryview(mm)[rel : rel + size]
 
     def query_keys(
         self, topic: str, key: str, max_count: int, begin_ms: int, end_ms: int
@@ -584,7 +590,7 @@ class MmapMessageLog(StoreShell):
         mf = self._log.find(phys)
         if mf is None or phys < self._log.min_offset:
             return -1
-        return self._store_ts_in(mf, phys - mf.start)
+        return self._store_ts_in(self._point_reads.mapping(mf), phys - mf.start)
 
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -675,6 +681,7 @@ class MmapMessageLog(StoreShell):
                 raise ReplicationError(f"this store begins only at a multiple of its segment "
                                        f"size {size}, not at {physical_offset}")
             self._log.begin_at(physical_offset)
+            self._point_reads.keep(self._log.files)
             self._dispatched = physical_offset
             if self._flusher is not None:
                 self._flusher.durable = physical_offset
@@ -707,6 +714,7 @@ class MmapMessageLog(StoreShell):
                 applied, lambda i: self._first_store_ts(files[i]), now, keep_ms, force=force
             )
             gone = self._log.delete_first(count)
+            self._point_reads.keep(self._log.files)
             log_min = self._log.min_offset
             for cq in self._cqs.values():
                 cq.delete_expired(log_min)
@@ -723,5 +731,6 @@ class MmapMessageLog(StoreShell):
             cq.close()
         self._index.close()
         self._log.close()
+        self._point_reads.keep([])
         if self._checkpoint is not None:
             self._checkpoint.close()
