@@ -229,6 +229,7 @@ def test_bench_store_scale_reports_each_figure_by_size(tmp_path: Path) -> None:
     assert [p["messages"] for p in result["points"]] == [400, 2000]
     for point in result["points"]:
         assert point["key_misses"] == 0
+        assert point["key_lookup_faults"] >= 0 and point["time_lookup_faults"] >= 0
         for figure in ("append_us", "read_us", "key_lookup_us", "time_lookup_us"):
             _positive(figure, point[figure])
     for figure, values in result["ratios"].items():

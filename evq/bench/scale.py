@@ -14,10 +14,12 @@ starts, so the disk holds one of them at a time.
 
 from __future__ import annotations
 
+import resource
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from tqdm import tqdm
@@ -28,6 +30,8 @@ from evq.bench.backends import time_lookups
 from evq.bench.scaffold import check_backend, progress, scratch, store_config
 from evq.bench.store import BenchError, Workload, lookup_keys, read_all, settle
 from evq.domain.record import put_record
+
+T = TypeVar("T")
 
 CHUNK = 50_000
 """Records encoded ahead of one timed stretch of appends."""
@@ -64,6 +68,10 @@ class ScalePoint:
     key_lookup_us: float
     time_lookup_us: float
     key_misses: int
+    key_lookup_faults: float
+    """Major page faults (reads from disk) per key lookup: above 0, the lookups ran on a
+    store partly out of the page cache, and their figure says as much about the disk."""
+    time_lookup_faults: float
 
 
 FIGURES = ("append_us", "read_us", "key_lookup_us", "time_lookup_us")
@@ -96,11 +104,20 @@ def _one_size(opts: ScaleOptions, n: int, path: Path, bar: tqdm[Any]) -> ScalePo
         count, read_s = read_all(store, bar)
         if count != n:
             raise BenchError(f"{opts.backend}: read {count} of {n} messages back")
-        misses, key_s = lookup_keys(store, workload, opts.lookups)
-        time_s = time_lookups(store, opts.lookups)
+        (misses, key_s), key_faults = _faulting(lambda: lookup_keys(store, workload,
+                                                                    opts.lookups))
+        time_s, time_faults = _faulting(lambda: time_lookups(store, opts.lookups))
     shutil.rmtree(path)
     return ScalePoint(n, append_s / n * 1e6, read_s / n * 1e6, key_s / opts.lookups * 1e6,
-                      time_s / opts.lookups * 1e6, misses)
+                      time_s / opts.lookups * 1e6, misses, key_faults / opts.lookups,
+                      time_faults / opts.lookups)
+
+
+def _faulting(run: Callable[[], T]) -> tuple[T, int]:
+    """``run()`` and the major page faults this process took meanwhile."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    out = run()
+    return out, resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
 
 
 def ratios(points: list[ScalePoint]) -> dict[str, list[float]]:
@@ -125,6 +142,9 @@ def format_report(opts: ScaleOptions, points: list[ScalePoint]) -> str:
         cells = [f"{getattr(p, f):8.2f} ({rel[f][k]:4.2f})" for f in FIGURES]
         lines.append(f"{p.messages:>12,} {cells[0]:>16} {cells[1]:>16} {cells[2]:>18} "
                      f"{cells[3]:>18}")
+    if any(p.key_lookup_faults or p.time_lookup_faults for p in points):
+        lines.append("page faults read from disk per lookup (key, time): " + ", ".join(
+            f"{p.key_lookup_faults:.2f}/{p.time_lookup_faults:.2f}" for p in points))
     if any(p.key_misses for p in points):
         lines.append(f"key lookups that missed: {[p.key_misses for p in points]}")
     return "\n".join(lines) + "\n"

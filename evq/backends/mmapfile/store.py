@@ -40,6 +40,7 @@ from evq.backends.mmapfile.commit import CommitService
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import IndexService
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
+from evq.backends.mmapfile.point_reads import PointReads
 from evq.backends.mmapfile.transient_pool import TransientStorePool
 from evq.backends.shell import StoreShell
 from evq.domain import record as rec
@@ -123,6 +124,7 @@ class MmapMessageLog(StoreShell):
                                     self._allocator, pool=self._pool)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator)
+        self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
 
     def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
@@ -284,12 +286,12 @@ class MmapMessageLog(StoreShell):
         size, magic = rec.peek(mf.mm, 0)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return -1
-        return self._store_ts_in(mf, 0)
+        return self._store_ts_in(mf.mm, 0)
 
     @staticmethod
-    def _store_ts_in(mf: MappedFile, rel: int) -> int:
-        (flags,) = _SYSFLAG.unpack_from(mf.mm, rel + rec.SYSFLAG_AT)
-        return _INT64.unpack_from(mf.mm, rel + rec.store_timestamp_at(flags))[0]
+    def _store_ts_in(mm: mmap.mmap, rel: int) -> int:
+        (flags,) = _SYSFLAG.unpack_from(mm, rel + rec.SYSFLAG_AT)
+        return _INT64.unpack_from(mm, rel + rec.store_timestamp_at(flags))[0]
 
     def _cq_coverage(self, cq: ConsumeQueue) -> int:
         """Log offset just past the last record this queue has an entry for."""
@@ -398,6 +400,7 @@ class MmapMessageLog(StoreShell):
     def _cut(self, end: int) -> int:
         """Truncate the log and every projection at ``end``; returns the bytes dropped."""
         dropped = self._log.truncate(end)
+        self._point_reads.keep(self._log.files)
         if dropped:
             log.warning("commitlog_truncated", at=end, cut_bytes=dropped)
         for cq in self._cqs.values():
@@ -629,14 +632,15 @@ class MmapMessageLog(StoreShell):
         rel = physical_offset - mf.start
         if rel + rec.BLANK_SIZE > mf.read_end:
             return None
-        size, magic = rec.peek(mf.mm, rel)
+        mm = self._point_reads.mapping(mf)
+        size, magic = rec.peek(mm, rel)
         if magic not in (rec.MAGIC_V1, rec.MAGIC_V2) or size < rec.MIN_RECORD_SIZE:
             return None
         if rel + size > mf.read_end:
             return None
-        if _INT64.unpack_from(mf.mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
+        if _INT64.unpack_from(mm, rel + rec.PHYSICAL_OFFSET_AT)[0] != physical_offset:
             return None
-        return memoryview(mf.mm)[rel : rel + size]
+        return memoryview(mm)[rel : rel + size]
 
     def query_keys(
         self, topic: str, key: str, max_count: int, begin_ms: int, end_ms: int
@@ -661,7 +665,7 @@ class MmapMessageLog(StoreShell):
         mf = self._log.find(phys)
         if mf is None or phys < self._log.min_offset or phys - mf.start >= mf.read_end:
             return -1
-        return self._store_ts_in(mf, phys - mf.start)
+        return self._store_ts_in(self._point_reads.mapping(mf), phys - mf.start)
 
     def store_time_at(self, topic: str, queue_id: int, offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -756,6 +760,7 @@ class MmapMessageLog(StoreShell):
                 raise ReplicationError(f"this store begins only at a multiple of its segment "
                                        f"size {size}, not at {physical_offset}")
             self._log.begin_at(physical_offset)
+            self._point_reads.keep(self._log.files)
             self._dispatched = physical_offset
             if self._flusher is not None:
                 self._flusher.durable = physical_offset
@@ -788,6 +793,7 @@ class MmapMessageLog(StoreShell):
                 applied, lambda i: self._first_store_ts(files[i]), now, keep_ms, force=force
             )
             gone = self._log.delete_first(count)
+            self._point_reads.keep(self._log.files)
             log_min = self._log.min_offset
             for cq in self._cqs.values():
                 cq.delete_expired(log_min)
@@ -806,6 +812,7 @@ class MmapMessageLog(StoreShell):
             cq.close()
         self._index.close()
         self._log.close()
+        self._point_reads.keep([])
         if self._pool is not None:
             self._pool.close()
         if self._checkpoint is not None:
