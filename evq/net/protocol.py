@@ -162,11 +162,16 @@ def _integer(low: int, high: int, kind: str) -> Callable[[str, str], int]:
     return parse
 
 
-_parse_int = _integer(INT32_MIN, INT32_MAX, "int")
-_parse_long = _integer(INT64_MIN, INT64_MAX, "long")
+parse_int_field = _integer(INT32_MIN, INT32_MAX, "int")
+"""``parse_int_field(name, text)``: a header field's text as a Java ``int``; a
+:class:`HeaderFieldError` naming the field otherwise.  For header parsers that read fields
+straight from ``ext_fields`` (:mod:`evq.net.send_header`), as :meth:`RemotingCommand.get_int`
+does."""
+parse_long_field = _integer(INT64_MIN, INT64_MAX, "long")
+"""As :data:`parse_int_field`, for a Java ``long``."""
 
 
-def _parse_bool(name: str, text: str) -> bool:
+def parse_bool_field(name: str, text: str) -> bool:
     lowered = text.lower()
     if lowered in _TRUE:
         return True
@@ -262,7 +267,7 @@ class RemotingCommand:
     def get_int(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``int`` field (32-bit signed)."""
         value = self.ext_fields.get(name)  # inline, not through _typed: ~10 reads a request
-        return self._absent(name, default) if value is None else _parse_int(name, value)
+        return self._absent(name, default) if value is None else parse_int_field(name, value)
 
     @overload
     def get_long(self, name: str) -> int: ...
@@ -271,7 +276,7 @@ class RemotingCommand:
     def get_long(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``long`` field (64-bit signed)."""
         value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else _parse_long(name, value)
+        return self._absent(name, default) if value is None else parse_long_field(name, value)
 
     @overload
     def get_bool(self, name: str) -> bool: ...
@@ -281,7 +286,7 @@ class RemotingCommand:
         """``"true"``/``"1"`` (any case) or ``"false"``/``"0"``: Java clients send the first
         spelling, the C++ client the second."""
         value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else _parse_bool(name, value)
+        return self._absent(name, default) if value is None else parse_bool_field(name, value)
 
     @staticmethod
     def _absent(name: str, default: object) -> object:
