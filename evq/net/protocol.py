@@ -180,15 +180,18 @@ def parse_bool_field(name: str, text: str) -> bool:
     raise HeaderFieldError(f"the custom field <{name}> is not a valid boolean: {text!r:.64}")
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, on_setattr=attrs.setters.NO_OP)
 class RemotingCommand:
     """One request or response: RocketMQ's ``RemotingCommand``.
 
     ``code`` is a :class:`~evq.net.codes.RequestCode` on requests and a
     :class:`~evq.domain.codes.ResponseCode` on responses, kept as a plain int because peers send
     codes neither enum knows.  ``ext_fields`` are the flattened request/response header fields,
-    always strings (a converter coerces whatever is passed in); read them with the typed
-    ``get_*`` accessors.
+    always strings (a converter coerces whatever is passed to the constructor); read them with
+    the typed ``get_*`` accessors.  Assignments after construction are plain slot writes, not
+    converted (the transport stamps ``opaque`` and ``flag`` on every request it sends, and
+    attrs' converting ``__setattr__`` cost more than the rest of that): assign ``ext_fields``
+    only a ``dict[str, str]``.
     """
 
     code: int
@@ -331,6 +334,7 @@ def encode_header(cmd: RemotingCommand) -> bytes:
 
 
 _LANGUAGE_NAMES: Final = {lang: lang.name for lang in LanguageCode}
+_LANGUAGE_BY_NAME: Final = {lang.name: lang for lang in LanguageCode}
 
 
 def _encode_json(cmd: RemotingCommand) -> bytes:
@@ -390,8 +394,10 @@ def _answerable(opaque: int, flag: int) -> int | None:
 
 
 def _json_int(obj: Mapping[str, object], key: str, opaque: int | None) -> int:
-    # fastjson reads a numeric string into an int field too, so tolerate "12" as well as 12.
     value = obj.get(key, 0)
+    if type(value) is int and INT32_MIN <= value <= INT32_MAX:  # what every client sends
+        return value
+    # fastjson reads a numeric string into an int field too, so tolerate "12" as well as 12.
     if isinstance(value, str) and _INTEGER.fullmatch(value):
         value = int(value)
     if type(value) is not int or not INT32_MIN <= value <= INT32_MAX:
@@ -453,7 +459,7 @@ def _decode_json(header: bytes, body: bytes) -> RemotingCommand:
     try:
         return RemotingCommand(  # its converter makes the extFields values strings, once
             code=code,
-            language=LanguageCode.__members__.get(language, LanguageCode.OTHER),
+            language=_LANGUAGE_BY_NAME.get(language, LanguageCode.OTHER),
             version=version,
             opaque=opaque,
             flag=flag,
@@ -497,7 +503,7 @@ class _BinaryReader:
                                 opaque=self.opaque) from exc
 
 
-_LANGUAGES = {lang.value: lang for lang in LanguageCode}
+_LANGUAGE_BY_CODE: Final = {lang.value: lang for lang in LanguageCode}
 
 
 def _decode_binary(header: bytes, body: bytes) -> RemotingCommand:
@@ -516,7 +522,7 @@ def _decode_binary(header: bytes, body: bytes) -> RemotingCommand:
         fields[key] = reader.text(INT32)
     return RemotingCommand(
         code=code,
-        language=_LANGUAGES.get(language, LanguageCode.OTHER),
+        language=_LANGUAGE_BY_CODE.get(language, LanguageCode.OTHER),
         version=version,
         opaque=opaque,
         flag=flag,

@@ -71,7 +71,7 @@ def parse(code: int, version: int, fields: Mapping[str, str]) -> SendHeader:
     is absent, or any field that does not parse, is a :class:`HeaderFieldError`."""
     if is_v2(code, fields):
         topic, default_topic, default_queues, queue_id, sys_flag, born, flag, props, \
-            reconsume, max_reconsume, batch = (fields.get(k) for k in "bcdefghijlm")
+            reconsume, max_reconsume, batch = map(fields.get, "bcdefghijlm")
     else:
         get = fields.get
         topic, default_topic, default_queues = (
