@@ -52,7 +52,7 @@ import attrs
 from evq.acl.accounts import Perm
 from evq.domain.topics import RETRY_PREFIX
 from evq.net.codes import RequestCode as C
-from evq.net.send_header import long_names
+from evq.net.send_header import field as send_field
 
 
 class UnreadableRequest(ValueError):
@@ -120,7 +120,7 @@ def needs(code: int, fields: Mapping[str, str], body: bytes) -> list[Need]:
     (the processor refuses a required one).  :class:`UnreadableRequest` when the body that
     names the resources cannot be read."""
     if code in SEND_CODES:
-        return [_send_need(long_names(code, fields).get("topic", ""))]
+        return [_send_need(send_field(code, fields, "topic") or "")]
     by_body = _BODIES.get(code)
     if by_body is not None:
         return list(by_body(_json(body)))

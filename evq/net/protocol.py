@@ -162,11 +162,16 @@ def _integer(low: int, high: int, kind: str) -> Callable[[str, str], int]:
     return parse
 
 
-_parse_int = _integer(INT32_MIN, INT32_MAX, "int")
-_parse_long = _integer(INT64_MIN, INT64_MAX, "long")
+parse_int_field = _integer(INT32_MIN, INT32_MAX, "int")
+"""``parse_int_field(name, text)``: a header field's text as a Java ``int``; a
+:class:`HeaderFieldError` naming the field otherwise.  For header parsers that read fields
+straight from ``ext_fields`` (:mod:`evq.net.send_header`), as :meth:`RemotingCommand.get_int`
+does."""
+parse_long_field = _integer(INT64_MIN, INT64_MAX, "long")
+"""As :data:`parse_int_field`, for a Java ``long``."""
 
 
-def _parse_bool(name: str, text: str) -> bool:
+def parse_bool_field(name: str, text: str) -> bool:
     lowered = text.lower()
     if lowered in _TRUE:
         return True
@@ -175,15 +180,18 @@ def _parse_bool(name: str, text: str) -> bool:
     raise HeaderFieldError(f"the custom field <{name}> is not a valid boolean: {text!r:.64}")
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, on_setattr=attrs.setters.NO_OP)
 class RemotingCommand:
     """One request or response: RocketMQ's ``RemotingCommand``.
 
     ``code`` is a :class:`~evq.net.codes.RequestCode` on requests and a
     :class:`~evq.domain.codes.ResponseCode` on responses, kept as a plain int because peers send
     codes neither enum knows.  ``ext_fields`` are the flattened request/response header fields,
-    always strings (a converter coerces whatever is passed in); read them with the typed
-    ``get_*`` accessors.
+    always strings (a converter coerces whatever is passed to the constructor); read them with
+    the typed ``get_*`` accessors.  Assignments after construction are plain slot writes, not
+    converted (the transport stamps ``opaque`` and ``flag`` on every request it sends, and
+    attrs' converting ``__setattr__`` cost more than the rest of that): assign ``ext_fields``
+    only a ``dict[str, str]``.
     """
 
     code: int
@@ -262,7 +270,7 @@ class RemotingCommand:
     def get_int(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``int`` field (32-bit signed)."""
         value = self.ext_fields.get(name)  # inline, not through _typed: ~10 reads a request
-        return self._absent(name, default) if value is None else _parse_int(name, value)
+        return self._absent(name, default) if value is None else parse_int_field(name, value)
 
     @overload
     def get_long(self, name: str) -> int: ...
@@ -271,7 +279,7 @@ class RemotingCommand:
     def get_long(self, name: str, default: object = _REQUIRED) -> object:
         """A Java ``long`` field (64-bit signed)."""
         value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else _parse_long(name, value)
+        return self._absent(name, default) if value is None else parse_long_field(name, value)
 
     @overload
     def get_bool(self, name: str) -> bool: ...
@@ -281,7 +289,7 @@ class RemotingCommand:
         """``"true"``/``"1"`` (any case) or ``"false"``/``"0"``: Java clients send the first
         spelling, the C++ client the second."""
         value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else _parse_bool(name, value)
+        return self._absent(name, default) if value is None else parse_bool_field(name, value)
 
     @staticmethod
     def _absent(name: str, default: object) -> object:
@@ -326,6 +334,7 @@ def encode_header(cmd: RemotingCommand) -> bytes:
 
 
 _LANGUAGE_NAMES: Final = {lang: lang.name for lang in LanguageCode}
+_LANGUAGE_BY_NAME: Final = {lang.name: lang for lang in LanguageCode}
 
 
 def _encode_json(cmd: RemotingCommand) -> bytes:
@@ -385,8 +394,10 @@ def _answerable(opaque: int, flag: int) -> int | None:
 
 
 def _json_int(obj: Mapping[str, object], key: str, opaque: int | None) -> int:
-    # fastjson reads a numeric string into an int field too, so tolerate "12" as well as 12.
     value = obj.get(key, 0)
+    if type(value) is int and INT32_MIN <= value <= INT32_MAX:  # what every client sends
+        return value
+    # fastjson reads a numeric string into an int field too, so tolerate "12" as well as 12.
     if isinstance(value, str) and _INTEGER.fullmatch(value):
         value = int(value)
     if type(value) is not int or not INT32_MIN <= value <= INT32_MAX:
@@ -448,7 +459,7 @@ def _decode_json(header: bytes, body: bytes) -> RemotingCommand:
     try:
         return RemotingCommand(  # its converter makes the extFields values strings, once
             code=code,
-            language=LanguageCode.__members__.get(language, LanguageCode.OTHER),
+            language=_LANGUAGE_BY_NAME.get(language, LanguageCode.OTHER),
             version=version,
             opaque=opaque,
             flag=flag,
@@ -492,7 +503,7 @@ class _BinaryReader:
                                 opaque=self.opaque) from exc
 
 
-_LANGUAGES = {lang.value: lang for lang in LanguageCode}
+_LANGUAGE_BY_CODE: Final = {lang.value: lang for lang in LanguageCode}
 
 
 def _decode_binary(header: bytes, body: bytes) -> RemotingCommand:
@@ -511,7 +522,7 @@ def _decode_binary(header: bytes, body: bytes) -> RemotingCommand:
         fields[key] = reader.text(INT32)
     return RemotingCommand(
         code=code,
-        language=_LANGUAGES.get(language, LanguageCode.OTHER),
+        language=_LANGUAGE_BY_CODE.get(language, LanguageCode.OTHER),
         version=version,
         opaque=opaque,
         flag=flag,

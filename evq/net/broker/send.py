@@ -13,48 +13,27 @@ from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
 from evq.domain.message import COMPRESS_OVER, Message, Prop, decode_properties
 from evq.domain.record import RecordError, decode_batch
-from evq.net import execution
+from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, RemotingCommand
-from evq.net.send_header import is_v2, long_names
+from evq.net.send_header import SendHeader
 from evq.net.transport import Connection, Handler
-
-
-def v1_header(cmd: RemotingCommand) -> RemotingCommand:
-    """The request with V2's short field names spelled out, so one parser reads both."""
-    if not is_v2(cmd.code, cmd.ext_fields):
-        return cmd
-    return RemotingCommand(code=cmd.code, language=cmd.language, version=cmd.version,
-                           opaque=cmd.opaque, flag=cmd.flag,
-                           ext_fields=long_names(cmd.code, cmd.ext_fields), body=cmd.body,
-                           serialize_type=cmd.serialize_type)
-
 
 MAX_INFLATED_BATCH: Final = MAX_FRAME
 """A compressed batch may inflate to what an uncompressed request could carry, no more: a
 1 MiB zlib bomb once asked for 2 GiB."""
 
 
-def is_batch(h: RemotingCommand) -> bool:
-    return h.code == RequestCode.SEND_BATCH_MESSAGE or h.get_bool("batch", False)
-
-
-def messages_of(conn: Connection, h: RemotingCommand, batch: bool) -> list[Message]:
-    """The request's messages (``batch``: :func:`is_batch` of ``h``); a batch is decoded (and
-    inflated) here, so this runs off the loop for large bodies (see
-    :func:`evq.net.execution.sized`)."""
-    topic = h.get_str("topic")
-    queue_id = h.get_int("queueId")
-    sysflag = h.get_int("sysFlag")
-    born_ts = h.get_long("bornTimestamp")
-    flag = h.get_int("flag", 0)
-    reconsume = h.get_int("reconsumeTimes", 0)
+def messages_of(conn: Connection, h: SendHeader, body: bytes) -> list[Message]:
+    """The request's messages; a batch is decoded (and inflated) here, so this runs off the
+    loop for large bodies (see :func:`evq.net.execution.sized`)."""
+    topic, queue_id, sysflag, born_ts = h.topic, h.queue_id, h.sys_flag, h.born_timestamp
+    reconsume = h.reconsume_times
     born_host = parse_host(conn.peer)
-    if batch:
+    if h.batch:
         if len(topic) > tp.MAX_TOPIC_LENGTH:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
-        body = h.body
         try:
             if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
                 body = inflate(body, MAX_INFLATED_BATCH)
@@ -69,8 +48,8 @@ def messages_of(conn: Connection, h: RemotingCommand, batch: bool) -> list[Messa
                         sysflag=(sysflag & ~sf.COMPRESSED) | (sf.COMPRESSED if big else 0),
                         born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
                 for e in entries for big in (len(e.body) >= COMPRESS_OVER,)]
-    props = decode_properties(h.get_str("properties", ""))
-    return [Message(topic=topic, body=h.body, flag=flag, properties=props, queue_id=queue_id,
+    return [Message(topic=topic, body=body, flag=h.flag,
+                    properties=decode_properties(h.properties), queue_id=queue_id,
                     sysflag=sysflag, born_timestamp=born_ts, born_host=born_host,
                     reconsume_times=reconsume)]
 
@@ -105,21 +84,16 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        h = v1_header(cmd)
-        batch = is_batch(h)
+        h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
         # A single message's body is taken as it is; a batch's is decoded, maybe inflated.
-        work = len(h.body) if batch else 0
-        messages = await execution.sized(work, messages_of, conn, h, batch)
+        work = len(cmd.body) if h.batch else 0
+        messages = await execution.sized(work, messages_of, conn, h, cmd.body)
         wait = waits_for_store(messages)  # read before the broker routes (and strips) WAIT
-        max_reconsume = (h.get_int("maxReconsumeTimes", None)
-                         if h.version >= 121 else None)  # V3_4_9: Java's rule
-        default_topic = h.get_str("defaultTopic", tp.AUTO_CREATE_TOPIC)
-        default_queues = h.get_int("defaultTopicQueueNums", 4)
 
         def put() -> SendResult:
-            return ctx.core.put(messages, default_topic=default_topic,
-                                default_topic_queue_nums=default_queues,
-                                max_reconsume_times=max_reconsume)
+            return ctx.core.put(messages, default_topic=h.default_topic,
+                                default_topic_queue_nums=h.default_topic_queue_nums,
+                                max_reconsume_times=h.max_reconsume_times)
 
         if ctx.core.put_writes_metadata(messages[0].topic):  # creating a topic or group
             result = await ctx.blocking(put)  # waits on disk: keep it off the loop
