@@ -117,7 +117,10 @@ class SendResult:
     @property
     def end_offset(self) -> int:
         """The log offset a durability (or slave) wait must reach."""
-        return max([a.end_offset for a in self.appended], default=0)
+        appended = self.appended
+        if len(appended) == 1:  # a single send: no list to build
+            return appended[0].end_offset
+        return max([a.end_offset for a in appended], default=0)
 
 
 @attrs.frozen(slots=True)
@@ -506,7 +509,8 @@ class Broker:
                               f"the topic[{first.topic}] sending message is forbidden")
         queue_id = first.queue_id
         if queue_id < 0:
-            queue_id = random.randrange(max(1, config.write_queue_nums))
+            # random() scaled: a third of randrange's cost, and any bias is far below 2**-40
+            queue_id = int(random.random() * max(1, config.write_queue_nums))
         if queue_id >= config.queue_count:
             raise BrokerError(ResponseCode.SYSTEM_ERROR,
                               f"request queueId[{queue_id}] is illegal, {config} "

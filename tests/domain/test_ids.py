@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 
 from evq.domain.ids import new_uniq_key, new_uniq_keys
 
@@ -38,3 +39,21 @@ def test_the_counter_wraps_at_16_bits_inside_a_batch() -> None:
     assert all(b == (a + 1) % 0x10000 for a, b in itertools.pairwise(counters))
     assert len(set(keys[:0x10000])) == 0x10000
     assert keys[0x10000] == keys[0]
+
+
+def test_a_forked_child_makes_keys_of_its_own_in_the_same_millisecond() -> None:
+    """The pid and the random part are cached, with the last key's head: a child must not
+    reuse its parent's (two processes would make equal keys)."""
+    parent = new_uniq_key(NOW)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its key and leave without running pytest's teardown
+        os.write(write, new_uniq_key(NOW).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert len(child) == 32
+    assert child[:8] == parent[:8] and child[20:28] == parent[20:28]  # ip, time
+    assert child[8:20] != parent[8:20]  # pid and random part
