@@ -525,8 +525,9 @@ class Broker:
                                   "every message of a batch must have the same topic")
             self._check_body_size(m)
             m.queue_id = queue_id
-            if batch and (m.properties.get(Prop.DELAY, "0") not in ("", "0")
-                          or _is_half(m)):
+            props = m.properties
+            if batch and ((Prop.DELAY in props and props[Prop.DELAY] not in ("", "0"))
+                          or (Prop.TRAN_MSG in props and _is_half(m))):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "a batch may not hold delayed or transactional messages")
             stored.append(self._route(m, retry, now))

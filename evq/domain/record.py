@@ -360,7 +360,7 @@ def encoded_record(m: Message, properties: str, tags_code: int) -> PutRecord:
     path has the one already (it checks its size) and works the other out for a batch at a
     time."""
     topic, sysflag = m.topic, m.sysflag
-    keys = m.index_keys() if sysflag & sf.TRANSACTION_MASK != sf.TRANSACTION_ROLLBACK_TYPE else ()
+    keys = index_keys_of(m.properties, sysflag)
     # Positional: the class's __init__ is generated, and keywords cost it more than the
     # encoding of a small record.
     return PutRecord(encode(m, properties), topic, m.queue_id, sysflag, tags_code, keys,
