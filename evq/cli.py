@@ -449,6 +449,67 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     return _print_bench(result, format_report, _rerun_line(words, args), args)
 
 
+# --- evq bench embedded ---------------------------------------------------------------------
+
+
+def _add_bench_embedded(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "embedded",
+        help="evq.Broker in-process beside the eventsourcing library's SQLite event store",
+        description=(
+            "In one process and one run: evq.Broker.send_batch, single sends and pulls on a "
+            "fresh store, then the eventsourcing library's SQLiteApplicationRecorder inserting "
+            "batches of as many events of the same size, single events, and reading them back; "
+            "prints each rate and evq's ratio (eventsourcing is in the 'bench' extra; without "
+            "it evq is measured alone)."
+        ),
+    )
+    p.add_argument("--backend", default=DEFAULT_BACKEND,
+                   help=f"evq's store backend (default: {DEFAULT_BACKEND})")
+    p.add_argument("--messages", type=_positive_int, default=100_000,
+                   help="messages of the batch phase, read back after (default: 100000)")
+    p.add_argument("--single-messages", type=_positive_int, default=20_000,
+                   help="messages of the single-send phase (default: 20000)")
+    p.add_argument("--size", type=_non_negative_int, default=1024,
+                   help="body bytes per message (default: 1024)")
+    p.add_argument("--batch", type=_positive_int, default=32,
+                   help="messages per call in the batch phase (default: 32)")
+    p.add_argument("--segment-size", type=_positive_int, default=None, metavar="BYTES",
+                   help="CommitLog segment size (default: the store's, 1 GiB)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for both stores (default: a temporary directory), "
+                        "removed after")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the table (no progress bars)")
+    p.set_defaults(handler=_cmd_bench_embedded, log_level_default="warning")
+
+
+def _cmd_bench_embedded(args: argparse.Namespace) -> int:
+    from evq.bench.embedded import (
+        INSTALL_HINT,
+        EmbeddedBenchOptions,
+        eventsourcing_version,
+        format_report,
+        run_embedded_bench,
+    )
+
+    try:
+        opts = EmbeddedBenchOptions(
+            backend=args.backend, messages=args.messages, single_messages=args.single_messages,
+            size=args.size, batch=args.batch, segment_size=args.segment_size, data=args.data,
+            progress=not args.json and sys.stderr.isatty())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if eventsourcing_version() is None:
+        print(f"eventsourcing is not installed ({INSTALL_HINT}): measuring evq alone",
+              file=sys.stderr)
+    result = run_embedded_bench(opts)
+    words = [PROG, "bench", "embedded", "--backend", args.backend, "--messages",
+             str(args.messages), "--single-messages", str(args.single_messages), "--size",
+             str(args.size), "--batch", str(args.batch)]
+    return _print_bench(result, format_report, _rerun_line(words, args), args)
+
+
 # --- evq bench spark ------------------------------------------------------------------------
 
 
@@ -900,6 +961,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_recovery(benches)
     _add_bench_compare(benches)
     _add_bench_spark(benches)
+    _add_bench_embedded(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

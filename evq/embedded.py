@@ -15,6 +15,7 @@ sharding key, an iterator over new messages).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,8 +35,8 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.delay import DelayLevels
 from evq.domain.filters import parse_subscription
 from evq.domain.hashing import java_hash
-from evq.domain.ids import new_uniq_key
-from evq.domain.log import Dispatched, StoreUnavailable
+from evq.domain.ids import new_uniq_keys
+from evq.domain.log import Dispatched, MessageLog, StoreUnavailable
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.metadata import MetadataStore
 from evq.domain.record import parse_offset_msg_id
@@ -51,17 +52,44 @@ LocalTransaction = Callable[[Message], bool | None]
 outcome to the check-back."""
 
 
-@attrs.define(slots=True)
 class _Arrivals:
-    """Wakes blocked subscribers when the log dispatches new records."""
+    """Wakes blocked subscribers when the log dispatches new records.
 
-    cond: threading.Condition = attrs.field(factory=threading.Condition)
-    generation: int = 0
+    It listens to the log only while a :meth:`Broker.subscribe` iterates: the log builds an
+    event per appended record only for listeners, which cost a producer-only service about
+    a tenth of a single send.
+    """
+
+    def __init__(self, log: MessageLog) -> None:
+        self.cond = threading.Condition()
+        self.generation = 0
+        self._log = log
+        # Not the condition: the log calls us (taking the condition) from its appending
+        # thread, and (un)subscribing must never wait for that thread.
+        self._watch_lock = threading.Lock()
+        self._watchers = 0
+        self._unsubscribe: Callable[[], None] | None = None
 
     def __call__(self, batch: Sequence[Dispatched]) -> None:
         with self.cond:
             self.generation += 1
             self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Listen to the log while the block runs (nested and concurrent blocks share it)."""
+        with self._watch_lock:
+            if not self._watchers:
+                self._unsubscribe = self._log.subscribe_dispatch(self)
+            self._watchers += 1
+        try:
+            yield
+        finally:
+            with self._watch_lock:
+                self._watchers -= 1
+                if not self._watchers and self._unsubscribe is not None:
+                    self._unsubscribe()
+                    self._unsubscribe = None
 
 
 class Broker:
@@ -72,8 +100,7 @@ class Broker:
         self.transactions = TransactionService(core)
         self.delays = DelayService(core)
         self.timers = TimerService(core)
-        self._arrivals = _Arrivals()
-        self._unsubscribe = core.log.subscribe_dispatch(self._arrivals)
+        self._arrivals = _Arrivals(core.log)
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if background:
@@ -144,7 +171,6 @@ class Broker:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
-        self._unsubscribe()
         try:
             self.core.close()
         finally:
@@ -179,17 +205,40 @@ class Broker:
         deliver_at_ms: int | None = None,
     ) -> Message:
         """A message as a producer builds it: UNIQ_KEY set, large bodies compressed."""
-        m = new_message(topic, body.encode() if isinstance(body, str) else body, tags=tags,
-                        keys=keys, properties=properties)
-        now = self.core.clock.now_ms()
-        m.properties.setdefault(Prop.UNIQ_KEY, new_uniq_key(now))
-        if delay_level:
-            m.properties[Prop.DELAY] = str(delay_level)
-        if deliver_at_ms is not None:
-            m.properties[Prop.START_DELIVER_TIME] = str(deliver_at_ms)
-        m.born_timestamp = now
-        m.born_host = self.core.config.store_host
+        (m,) = self.messages(topic, (body,), tags=tags, keys=keys, properties=properties,
+                             delay_level=delay_level, deliver_at_ms=deliver_at_ms)
         return m
+
+    def messages(
+        self,
+        topic: str,
+        bodies: Iterable[bytes | str],
+        *,
+        tags: str | None = None,
+        keys: Iterable[str] | str | None = None,
+        properties: Mapping[str, str] | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int | None = None,
+    ) -> list[Message]:
+        """:meth:`message` for each of ``bodies``, sharing what they share: the clock is
+        read once and the UNIQ_KEYs are made together."""
+        timing: dict[str, str] = {}
+        if delay_level:
+            timing[Prop.DELAY] = str(delay_level)
+        if deliver_at_ms is not None:
+            timing[Prop.START_DELIVER_TIME] = str(deliver_at_ms)
+        batch = [new_message(topic, body.encode() if isinstance(body, str) else body,
+                             tags=tags, keys=keys, properties=properties) for body in bodies]
+        now = self.core.clock.now_ms()
+        host = self.core.config.store_host
+        for m, key in zip(batch, new_uniq_keys(now, len(batch)), strict=True):
+            props = m.properties
+            props.setdefault(Prop.UNIQ_KEY, key)
+            if timing:
+                props.update(timing)
+            m.born_timestamp = now
+            m.born_host = host
+        return batch
 
     def send(
         self, topic: str, body: bytes | str, *, queue_id: int = -1,
@@ -204,9 +253,9 @@ class Broker:
     def send_batch(self, topic: str, bodies: Iterable[bytes | str], *, queue_id: int = -1,
                    **fields: object) -> SendResult:
         """Several messages in one append: one queue, consecutive offsets."""
-        batch = [self.message(topic, b, **fields) for b in bodies]  # type: ignore[arg-type]
-        for m in batch:
-            m.queue_id = self._queue_for(topic, queue_id, None)
+        batch = self.messages(topic, bodies, **fields)  # type: ignore[arg-type]
+        if batch:
+            batch[0].queue_id = queue_id  # the broker puts the whole batch in its queue
         return self._checked(self.core.send(batch))
 
     def send_transactional(
@@ -269,23 +318,24 @@ class Broker:
         sub = parse_subscription(topic, expression, expression_type)
         retry = parse_subscription(tp.retry_topic(group), "*")
         self.core.ensure_group(group)
-        while stop is None or not stop.is_set():
-            with self._arrivals.cond:
-                seen = self._arrivals.generation
-            got = False
-            for name, s in ((topic, sub), (tp.retry_topic(group), retry)):
-                config = self.core.topic(name)
-                for qid in range(config.read_queue_nums if config else 0):
-                    for m in self._drain(group, name, qid, s, from_beginning):
-                        got = True
-                        yield m
-            if got:
-                continue
-            with self._arrivals.cond:
-                if self._arrivals.generation == seen and not self._arrivals.cond.wait(
-                    idle_timeout if idle_timeout is not None else 1.0
-                ) and idle_timeout is not None:
-                    return
+        with self._arrivals.watching():
+            while stop is None or not stop.is_set():
+                with self._arrivals.cond:
+                    seen = self._arrivals.generation
+                got = False
+                for name, s in ((topic, sub), (tp.retry_topic(group), retry)):
+                    config = self.core.topic(name)
+                    for qid in range(config.read_queue_nums if config else 0):
+                        for m in self._drain(group, name, qid, s, from_beginning):
+                            got = True
+                            yield m
+                if got:
+                    continue
+                with self._arrivals.cond:
+                    if self._arrivals.generation == seen and not self._arrivals.cond.wait(
+                        idle_timeout if idle_timeout is not None else 1.0
+                    ) and idle_timeout is not None:
+                        return
 
     def _drain(self, group: str, topic: str, queue_id: int, sub: object,
                from_beginning: bool) -> Iterator[Message]:

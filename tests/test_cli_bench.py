@@ -238,3 +238,37 @@ def test_bench_store_scale_reports_each_figure_by_size(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     bad = _evq("bench", "store", "--scale", "10,x")
     assert bad.returncode == 2 and "not a list like 100000,1000000" in bad.stderr
+
+
+def test_bench_embedded_json_has_each_rate_and_ratio(tmp_path: Path) -> None:
+    proc = _evq("bench", "embedded", "--messages", "200", "--single-messages", "20",
+                "--size", "128", "--segment-size", "1048576", "--data", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    out = json.loads(lines[0])
+    for system in ("evq", "eventsourcing", "eventsourcing_normal"):
+        for phase in ("batch", "single", "read"):
+            value = out[system][f"{phase}_msgs_per_s"]
+            assert math.isfinite(value) and value > 0, (system, phase, value)
+    for key in ("ratio_batch", "ratio_single", "ratio_read", "ratio_batch_normal"):
+        assert math.isfinite(out[key]) and out[key] > 0, (key, out[key])
+    assert out["evq_read_decoded_msgs_per_s"] > 0
+    assert out["rerun"].startswith("evq bench embedded --backend mmap --messages 200 ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_embedded_without_eventsourcing_measures_evq_alone_and_says_so(
+    tmp_path: Path,
+) -> None:
+    hide = ("import sys; sys.modules['eventsourcing'] = None; from evq.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run(
+        [sys.executable, "-c", hide, "bench", "embedded", "--messages", "64",
+         "--single-messages", "8", "--size", "64", "--segment-size", "1048576",
+         "--data", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "eventsourcing is not installed (pip install -e '.[bench]')" in proc.stderr
+    assert "evq alone" in proc.stdout
+    assert re.search(r"batch \(32 per call\)\s+[\d,]+\s+-\s+-", proc.stdout), proc.stdout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,35 @@ def test_the_subpackages_are_reachable_from_import_evq() -> None:
     assert evq.client.__name__ == "evq.client"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         evq.nope  # noqa: B018
+
+
+def _wait_until(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout} s waiting until {what}")
+        time.sleep(0.001)
+
+
+def test_a_waiting_subscriber_wakes_for_a_send_from_another_thread(tmp_path: Path) -> None:
+    """The subscriber listens to the log's arrivals only while it iterates (a producer-only
+    broker has no listener): one blocked in its wait is woken by the send, not its timeout."""
+    with evq.Broker.open(tmp_path / "data", store_config=StoreConfig(
+            warm_segments=False, commitlog_segment_size=1 << 20), background=False) as b:
+        b.create_topic("t", queues=2)
+        got: list[bytes] = []
+
+        def consume() -> None:
+            for m in b.subscribe("g", "t", idle_timeout=30.0):
+                got.append(m.payload())
+                return
+
+        consumer = threading.Thread(target=consume)
+        started = time.monotonic()
+        consumer.start()
+        _wait_until("the consumer listens for arrivals", lambda: b._arrivals._watchers == 1)
+        b.send("t", b"wake up")
+        consumer.join(timeout=20.0)
+        assert not consumer.is_alive() and time.monotonic() - started < 20.0
+        assert got == [b"wake up"]
+        assert b._arrivals._watchers == 0  # stopped listening with the iterator

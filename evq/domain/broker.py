@@ -58,6 +58,7 @@ from evq.domain.record import (
     RecordError,
     TagsCodeFn,
     decode,
+    encoded_record,
     put_record,
     read_fields,
 )
@@ -116,7 +117,10 @@ class SendResult:
     @property
     def end_offset(self) -> int:
         """The log offset a durability (or slave) wait must reach."""
-        return max((a.end_offset for a in self.appended), default=0)
+        appended = self.appended
+        if len(appended) == 1:  # a single send: no list to build
+            return appended[0].end_offset
+        return max([a.end_offset for a in appended], default=0)
 
 
 @attrs.frozen(slots=True)
@@ -505,29 +509,49 @@ class Broker:
                               f"the topic[{first.topic}] sending message is forbidden")
         queue_id = first.queue_id
         if queue_id < 0:
-            queue_id = random.randrange(max(1, config.write_queue_nums))
+            # random() scaled: a third of randrange's cost, and any bias is far below 2**-40
+            queue_id = int(random.random() * max(1, config.write_queue_nums))
         if queue_id >= config.queue_count:
             raise BrokerError(ResponseCode.SYSTEM_ERROR,
                               f"request queueId[{queue_id}] is illegal, {config} "
                               f"Producer: {self.config.store_host}")
         batch = len(messages) > 1
+        retry = self._retry_limit(first.topic, max_reconsume_times)
+        now = self.clock.now_ms()
         stored: list[Message] = []
         for m in messages:
             if m.topic != first.topic:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "every message of a batch must have the same topic")
-            self._check_size(m)
+            self._check_body_size(m)
             m.queue_id = queue_id
-            if batch and (m.properties.get(Prop.DELAY, "0") not in ("", "0")
-                          or _is_half(m)):
+            props = m.properties
+            if batch and ((Prop.DELAY in props and props[Prop.DELAY] not in ("", "0"))
+                          or (Prop.TRAN_MSG in props and _is_half(m))):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "a batch may not hold delayed or transactional messages")
-            stored.append(self.route(m, max_reconsume_times))
-        records = [self._record(m) for m in stored]
+            stored.append(self._route(m, retry, now))
+        records = self._sent_records(stored, now)
         results = tuple(self.log.append(records))
         status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
                       PutStatus.PUT_OK)
         return SendResult(status, stored[0].topic, stored[0].queue_id, results)
+
+    def _sent_records(self, stored: Sequence[Message], now: int) -> list[PutRecord]:
+        """The records of routed sent messages, each properties string joined once: measured
+        against the limit (what is stored is what counts, routing's additions included),
+        then encoded."""
+        host, code = self.config.store_host, self._code
+        records = []
+        for m in stored:
+            m.store_host = host
+            text = encode_properties(m.properties)
+            # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
+            if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+            records.append(encoded_record(m, text, code(m.topic, m.properties, now)))
+        return records
 
     def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
         """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""
@@ -555,44 +579,53 @@ class Broker:
             raise BrokerError(ResponseCode.NO_PERMISSION,
                               f"the broker[{self.config.broker_name}] sending message is forbidden")
 
-    def _check_size(self, m: Message) -> None:
+    def _check_body_size(self, m: Message) -> None:
         if len(m.body) > self.config.max_message_size:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                               f"message body size {len(m.body)} exceeds the maximum "
                               f"{self.config.max_message_size}")
-        text = encode_properties(m.properties)
-        # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
-        if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
     def route(self, m: Message, max_reconsume_times: int | None = None) -> Message:
         """Where a sent message is really stored: retry overflow goes to the DLQ, half
         messages to the half topic, deliver-at and delayed messages to their services."""
+        return self._route(m, self._retry_limit(m.topic, max_reconsume_times),
+                           self.clock.now_ms())
+
+    def _retry_limit(self, topic: str, max_reconsume_times: int | None
+                     ) -> tuple[str, int] | None:
+        """For a retry topic: its group (created if need be) and the reconsume count from
+        which a message goes to the group's DLQ.  Worked out once a put, not per message."""
+        if not topic.startswith(tp.RETRY_PREFIX):
+            return None
+        group = self.ensure_group(topic[len(tp.RETRY_PREFIX):])
+        limit = group.retry_max_times if max_reconsume_times is None else max_reconsume_times
+        return group.group_name, limit
+
+    def _route(self, m: Message, retry: tuple[str, int] | None, now: int) -> Message:
+        """:meth:`route` given the topic's retry limit and the time.  Each property is
+        looked at only when the message has it: most have none of them."""
         props = m.properties
         props.pop(Prop.WAIT, None)
         props[Prop.CLUSTER] = self.config.broker_cluster_name
-        if m.topic.startswith(tp.RETRY_PREFIX):
-            group = self.ensure_group(m.topic[len(tp.RETRY_PREFIX):])
-            limit = group.retry_max_times if max_reconsume_times is None else max_reconsume_times
-            if m.reconsume_times >= limit:
-                return self.to_dlq(m, group.group_name)
-        if _is_half(m):
+        if retry is not None and m.reconsume_times >= retry[1]:
+            return self.to_dlq(m, retry[0])
+        if Prop.TRAN_MSG in props and _is_half(m):
             if self.config.reject_transaction_message:
                 raise BrokerError(ResponseCode.NO_PERMISSION,
                                   f"the broker[{self.config.broker_name}] sending transaction "
                                   "message is forbidden")
             return self._redirect(m, tp.TRANS_HALF_TOPIC, 0,
                                   sysflag=m.sysflag & ~sf.TRANSACTION_MASK)
-        deliver_at = _int_prop(props, Prop.START_DELIVER_TIME)
-        if deliver_at > self.clock.now_ms():
-            return self._redirect(m, tp.TIMER_TOPIC, 0)
-        props.pop(Prop.START_DELIVER_TIME, None)
-        level = _int_prop(props, Prop.DELAY)
-        if level > 0 and m.sysflag & sf.TRANSACTION_MASK in (
-            sf.TRANSACTION_NOT_TYPE, sf.TRANSACTION_COMMIT_TYPE
-        ):
-            return self.delayed(m, level)
+        if Prop.START_DELIVER_TIME in props:
+            if _int_prop(props, Prop.START_DELIVER_TIME) > now:
+                return self._redirect(m, tp.TIMER_TOPIC, 0)
+            del props[Prop.START_DELIVER_TIME]
+        if Prop.DELAY in props:
+            level = _int_prop(props, Prop.DELAY)
+            if level > 0 and m.sysflag & sf.TRANSACTION_MASK in (
+                sf.TRANSACTION_NOT_TYPE, sf.TRANSACTION_COMMIT_TYPE
+            ):
+                return self.delayed(m, level)
         return m
 
     def delayed(self, m: Message, level: int) -> Message:

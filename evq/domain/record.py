@@ -42,6 +42,7 @@ import ipaddress
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import lru_cache
 
 import attrs
 
@@ -111,45 +112,53 @@ def _host_from(raw: bytes | memoryview) -> Host:
     return (str(addr), int.from_bytes(raw[-4:], "big"))
 
 
-def encode(m: Message) -> bytearray:
-    """The full stored record of ``m`` (BODYCRC computed here, once).
+@lru_cache(maxsize=1024)
+def _host_field(host: Host) -> tuple[bytes, bool]:
+    """A host's stored bytes, and whether they are the 20-byte IPv6 form."""
+    return host_bytes(host), is_ipv6(host)
+
+
+def encode(m: Message, properties: str | None = None) -> bytes:
+    """The full stored record of ``m`` (BODYCRC computed here, once); ``properties`` is
+    ``encode_properties(m.properties)`` when the caller has it already.
 
     Any field that does not fit the layout raises :class:`RecordError`.
     """
     try:
-        return _encode(m)
+        return _encode(m, encode_properties(m.properties) if properties is None else properties)
     except (struct.error, OverflowError, UnicodeEncodeError, ValueError) as exc:
         if isinstance(exc, RecordError | PropertyError):
             raise
         raise RecordError(f"message cannot be encoded: {exc}") from None
 
 
-def _encode(m: Message) -> bytearray:
+def _encode(m: Message, properties: str) -> bytes:
     topic = m.topic.encode()
-    props = encode_properties(m.properties).encode()
+    props = properties.encode()
     if not 0 < len(topic) <= MAX_TOPIC_BYTES:
         raise RecordError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(topic)}")
     if len(props) > MAX_PROPERTIES_BYTES:
         raise RecordError(f"properties are {len(props)} bytes, limit {MAX_PROPERTIES_BYTES}")
+    born, born_v6 = _host_field(m.born_host)
+    store, store_v6 = _host_field(m.store_host)
     flags = m.sysflag & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)
-    if is_ipv6(m.born_host):
-        flags |= sf.BORNHOST_V6
-    if is_ipv6(m.store_host):
-        flags |= sf.STOREHOST_V6
     body = m.body
     crc = body_crc(body)
-    born, store = host_bytes(m.born_host), host_bytes(m.store_host)
+    if not (born_v6 or store_v6):
+        # The common case in one pack and one join: the whole fixed part is a single struct
+        # (see above), and the join allocates the record once.
+        return b"".join((
+            HEADER_V4.pack(
+                HEADER_V4_SIZE + len(body) + 1 + len(topic) + 2 + len(props), MAGIC_V1, crc,
+                m.queue_id, m.flag, m.queue_offset, m.commit_log_offset, flags,
+                m.born_timestamp, born, m.store_timestamp, store, m.reconsume_times,
+                m.prepared_transaction_offset, len(body)),
+            body, _TOPIC_LEN[len(topic)], topic, INT16.pack(len(props)), props))
+    if born_v6:
+        flags |= sf.BORNHOST_V6
+    if store_v6:
+        flags |= sf.STOREHOST_V6
     size = 84 + len(born) + len(store) - 16 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
-    tail = _TOPIC_LEN[len(topic)] + topic + INT16.pack(len(props)) + props
-    if not flags & (sf.BORNHOST_V6 | sf.STOREHOST_V6):
-        # The common case in one pack: the whole fixed part is a single struct (see above).
-        out = bytearray(HEADER_V4.pack(
-            size, MAGIC_V1, crc, m.queue_id, m.flag, m.queue_offset, m.commit_log_offset,
-            flags, m.born_timestamp, born, m.store_timestamp, store, m.reconsume_times,
-            m.prepared_transaction_offset, len(body)))
-        out += body
-        out += tail
-        return out
     out = bytearray(size)
     PREFIX.pack_into(
         out, 0, size, MAGIC_V1, crc, m.queue_id, m.flag, m.queue_offset,
@@ -165,8 +174,8 @@ def _encode(m: Message) -> bytearray:
     struct.pack_into(">iqi", out, pos, m.reconsume_times, m.prepared_transaction_offset, len(body))
     pos += 16
     out[pos : pos + len(body)] = body
-    out[pos + len(body) :] = tail
-    return out
+    out[pos + len(body) :] = _TOPIC_LEN[len(topic)] + topic + INT16.pack(len(props)) + props
+    return bytes(out)
 
 
 @attrs.frozen(slots=True)
@@ -327,14 +336,9 @@ class PutRecord:
     sysflag: int
     tags_code: int
     keys: tuple[str, ...]
-    # Hashed when the record is built (see put_record), so the index does no hashing under
-    # the put lock.
-    key_hashes: tuple[int, ...] = attrs.field(init=False)
-
-    @key_hashes.default
-    def _hash_keys(self) -> tuple[int, ...]:
-        topic = self.topic
-        return tuple([index_key_hash(topic, k) for k in self.keys]) if self.keys else ()
+    # Hashed when the record is built (see encoded_record), so the index does no hashing
+    # under the put lock.
+    key_hashes: tuple[int, ...]
 
 
 TagsCodeFn = Callable[[str, Mapping[str, str], int], int]
@@ -347,15 +351,20 @@ def default_tags_code(topic: str, properties: Mapping[str, str], store_timestamp
 
 def put_record(m: Message, *, tags_code_fn: TagsCodeFn = default_tags_code) -> PutRecord:
     """Encode ``m`` once, with the facts the log indexes it by."""
-    return PutRecord(
-        data=encode(m),
-        topic=m.topic,
-        queue_id=m.queue_id,
-        sysflag=m.sysflag,
-        tags_code=tags_code_fn(m.topic, m.properties, m.store_timestamp),
-        keys=m.index_keys() if m.sysflag & sf.TRANSACTION_MASK != sf.TRANSACTION_ROLLBACK_TYPE
-        else (),
-    )
+    return encoded_record(m, encode_properties(m.properties),
+                          tags_code_fn(m.topic, m.properties, m.store_timestamp))
+
+
+def encoded_record(m: Message, properties: str, tags_code: int) -> PutRecord:
+    """:func:`put_record` given ``m``'s properties string and its tags code: the broker's put
+    path has the one already (it checks its size) and works the other out for a batch at a
+    time."""
+    topic, sysflag = m.topic, m.sysflag
+    keys = index_keys_of(m.properties, sysflag)
+    # Positional: the class's __init__ is generated, and keywords cost it more than the
+    # encoding of a small record.
+    return PutRecord(encode(m, properties), topic, m.queue_id, sysflag, tags_code, keys,
+                     tuple([index_key_hash(topic, k) for k in keys]) if keys else ())
 
 
 def index_keys_of(properties: Mapping[str, str], sysflag: int) -> tuple[str, ...]:
@@ -427,6 +436,7 @@ __all__ = [
     "decode_batch",
     "encode",
     "encode_batch",
+    "encoded_record",
     "iter_records",
     "offset_msg_id",
     "parse_offset_msg_id",

@@ -7,6 +7,7 @@ module only says what a valid config is.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 
 import attrs
@@ -103,7 +104,10 @@ def validate_topic(name: str) -> None:
                           "allowing only ^[%|a-zA-Z0-9_-]+$")
 
 
+@functools.lru_cache(maxsize=4096)
 def check_send_allowed(topic: str) -> None:
+    """Raises :class:`BrokerError` for a topic no producer may send to.  Every put asks, for
+    the few topics a broker has: an answer that raised is not cached, one that passed is."""
     validate_topic(topic)
     if topic in NOT_ALLOWED_SEND:
         raise BrokerError(ResponseCode.NO_PERMISSION,

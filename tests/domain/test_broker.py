@@ -13,7 +13,7 @@ from evq.domain.clock import ManualClock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.groups import SubscriptionGroupConfig
 from evq.domain.log import GetStatus, PutStatus
-from evq.domain.message import Prop
+from evq.domain.message import MAX_PROPERTIES_BYTES, Prop
 from evq.domain.metadata import Table
 from evq.domain.queues import MessageQueue
 from evq.domain.topics import TopicConfig
@@ -122,6 +122,24 @@ def test_oversize_body_and_bad_queue_are_refused(open_broker: OpenBroker) -> Non
         b.put([msg("T", queue_id=4)])
     assert e.value.code is ResponseCode.SYSTEM_ERROR
     assert b.put([msg("T", b"x" * 100)]).ok
+
+
+def test_properties_are_measured_as_stored_with_what_routing_adds(broker: Broker) -> None:
+    """The limit applies to the stored properties: ones that fit only until the broker adds
+    CLUSTER are refused as MESSAGE_ILLEGAL, as oversize ones are, and nothing is stored (a
+    record error escaped the put before)."""
+    topic(broker)
+    cluster = f"{Prop.CLUSTER}\x01{broker.config.broker_cluster_name}\x02"
+    room = MAX_PROPERTIES_BYTES - len("k\x01\x02")
+    fits = msg("T", k="v" * (room - len(cluster)))
+    assert broker.put([fits]).ok
+    just_over = msg("T", k="v" * (room - len(cluster) + 1))
+    for batch in ([just_over], [msg("T"), just_over], [msg("T", k="v" * (room + 1))]):
+        with pytest.raises(BrokerError) as e:
+            broker.put(batch)
+        assert e.value.code is ResponseCode.MESSAGE_ILLEGAL
+        assert "properties exceed" in e.value.remark
+    assert broker.log.bounds("T", 0) == (0, 1)
 
 
 def test_write_permission_of_topic_and_broker(open_broker: OpenBroker) -> None:

@@ -1,0 +1,59 @@
+"""UNIQ_KEY ids: RocketMQ's layout, made one at a time or a batch at a time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+
+from evq.domain.ids import new_uniq_key, new_uniq_keys
+
+NOW = int(dt.datetime(2026, 11, 26, 10, 0, 0, 123_000, dt.UTC).timestamp() * 1000)
+MONTH_START = int(dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def _counter(key: str) -> int:
+    return int(key[28:], 16)
+
+
+def test_a_batch_of_keys_shares_everything_but_the_counter() -> None:
+    keys = new_uniq_keys(NOW, 32, "10.1.2.3")
+    assert all(len(k) == 32 and k == k.upper() and int(k, 16) >= 0 for k in keys)
+    assert {k[:28] for k in keys} == {keys[0][:28]}
+    assert keys[0][:8] == "0A010203"  # the ip
+    assert int(keys[0][20:28], 16) == NOW - MONTH_START  # ms since the month began
+    counters = [_counter(k) for k in keys]
+    assert counters == [(counters[0] + i) % 0x10000 for i in range(32)]
+
+
+def test_keys_made_one_at_a_time_continue_the_count() -> None:
+    batch = new_uniq_keys(NOW, 3)
+    single = new_uniq_key(NOW)
+    assert single[:28] == batch[0][:28]
+    assert _counter(single) == (_counter(batch[-1]) + 1) % 0x10000
+
+
+def test_the_counter_wraps_at_16_bits_inside_a_batch() -> None:
+    keys = new_uniq_keys(NOW, 0x10000 + 2)
+    counters = [_counter(k) for k in keys]
+    assert all(b == (a + 1) % 0x10000 for a, b in itertools.pairwise(counters))
+    assert len(set(keys[:0x10000])) == 0x10000
+    assert keys[0x10000] == keys[0]
+
+
+def test_a_forked_child_makes_keys_of_its_own_in_the_same_millisecond() -> None:
+    """The pid and the random part are cached, with the last key's head: a child must not
+    reuse its parent's (two processes would make equal keys)."""
+    parent = new_uniq_key(NOW)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its key and leave without running pytest's teardown
+        os.write(write, new_uniq_key(NOW).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert len(child) == 32
+    assert child[:8] == parent[:8] and child[20:28] == parent[20:28]  # ip, time
+    assert child[8:20] != parent[8:20]  # pid and random part
