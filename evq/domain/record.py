@@ -38,6 +38,7 @@ Batch bodies sent by producers (``batch=true``) use a shorter inner form, one pe
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import zlib
@@ -107,9 +108,22 @@ def _host_len(sysflag: int, bit: int) -> int:
     return 20 if sysflag & bit else 8
 
 
+@functools.lru_cache(maxsize=4096)
+def _ip_text(packed: bytes) -> str:
+    # Cached: every record carries two hosts, and a log holds few distinct ones (its brokers
+    # and producers); the ipaddress round trip was a third of decoding a pulled record.
+    return str(ipaddress.ip_address(packed))
+
+
 def _host_from(raw: bytes | memoryview) -> Host:
-    addr = ipaddress.ip_address(bytes(raw[:-4]))
-    return (str(addr), int.from_bytes(raw[-4:], "big"))
+    """The host in ``raw``: its address bytes, then a 4-byte port."""
+    return (_ip_text(bytes(raw[:-4])), int.from_bytes(raw[-4:], "big"))
+
+
+def _host_at(buf: bytes | bytearray | memoryview, at: int, v6: int) -> Host:
+    """The host stored at ``at``: 4 (``v6`` false) or 16 address bytes, then a 4-byte port."""
+    ip_end = at + (16 if v6 else 4)
+    return (_ip_text(bytes(buf[at:ip_end])), int.from_bytes(buf[ip_end : ip_end + 4], "big"))
 
 
 @lru_cache(maxsize=1024)
@@ -199,28 +213,42 @@ def read_fields(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: boo
     Raises :class:`RecordError` for anything that is not a complete, valid record.  A BLANK
     record is the caller's business (see :func:`peek`).
     """
+    (size, _magic, crc, qid, _flag, qoff, phys, flags, _born_ts, _born_at, store_ts, _store_at,
+     _reconsume, _prepared, body_at, blen, topic, props) = _scan(buf, pos)
+    ok = not check_crc or body_crc(memoryview(buf)[body_at : body_at + blen]) == crc
+    return Fields(size, qid, qoff, phys, flags, store_ts, topic, props, ok)
+
+
+_AFTER_HOSTS = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH
+
+
+def _scan(buf: bytes | bytearray | memoryview, pos: int) -> tuple[
+        int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, str, str]:
+    """Every field of the record at ``pos``, its layout checked, in one pass: (size, magic,
+    crc, queue id, flag, queue offset, physical offset, sysflag, born timestamp, born host's
+    position, store timestamp, store host's position, reconsume times, prepared offset, body
+    position, body length, topic, properties).  Hosts and body stay in ``buf``."""
     end = len(buf)
     if pos < 0 or pos + MIN_RECORD_SIZE > end:
         raise RecordError("truncated record header")
-    size, magic, crc, qid, _flag, qoff, phys, flags, _born = PREFIX.unpack_from(buf, pos)
+    size, magic, crc, qid, flag, qoff, phys, flags, born_ts = PREFIX.unpack_from(buf, pos)
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise RecordError(f"bad magic {magic & 0xFFFFFFFF:#x}")
     if size < MIN_RECORD_SIZE or pos + size > end:
         raise RecordError(f"bad total size {size}")
     rec_end = pos + size
     tlen_len = 1 if magic == MAGIC_V1 else 2
-    p = pos + BORN_HOST_AT + _host_len(flags, sf.BORNHOST_V6)
-    if p + 8 + _host_len(flags, sf.STOREHOST_V6) + 16 + tlen_len + 2 > rec_end:
+    born_at = pos + BORN_HOST_AT
+    p = born_at + _host_len(flags, sf.BORNHOST_V6)
+    store_at = p + 8
+    after_hosts = store_at + _host_len(flags, sf.STOREHOST_V6)
+    if after_hosts + 16 + tlen_len + 2 > rec_end:
         raise RecordError(f"total size {size} too small for the record header")
     (store_ts,) = INT64.unpack_from(buf, p)
-    p += 8 + _host_len(flags, sf.STOREHOST_V6) + 12
-    (blen,) = INT32.unpack_from(buf, p)
-    p += 4
+    reconsume, prepared, blen = _AFTER_HOSTS.unpack_from(buf, after_hosts)
+    body_at = p = after_hosts + 16
     if blen < 0 or p + blen + tlen_len + 2 > rec_end:
         raise RecordError(f"bad body length {blen}")
-    ok = True
-    if check_crc:
-        ok = body_crc(memoryview(buf)[p : p + blen]) == crc
     p += blen
     if magic == MAGIC_V1:
         tlen = buf[p]
@@ -241,7 +269,8 @@ def read_fields(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: boo
         props = bytes(buf[p : p + plen]).decode()
     except UnicodeDecodeError as exc:
         raise RecordError(f"undecodable topic or properties: {exc}") from None
-    return Fields(size, qid, qoff, phys, flags, store_ts, topic, props, ok)
+    return (size, magic, crc, qid, flag, qoff, phys, flags, born_ts, born_at, store_ts, store_at,
+            reconsume, prepared, body_at, blen, topic, props)
 
 
 def decode(buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True) -> Message:
@@ -249,30 +278,19 @@ def decode(buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool
 
     Raises :class:`RecordError` for anything that is not a complete, valid record.
     """
-    fields = read_fields(buf, pos, check_crc=False)  # validates the layout before any read
-    _size, _magic, crc, qid, flag, qoff, phys, flags, born_ts = PREFIX.unpack_from(buf, pos)
-    p = pos + BORN_HOST_AT
-    blen_host = _host_len(flags, sf.BORNHOST_V6)
-    born = _host_from(memoryview(buf)[p : p + blen_host])
-    p += blen_host
-    (store_ts,) = INT64.unpack_from(buf, p)
-    p += 8
-    slen_host = _host_len(flags, sf.STOREHOST_V6)
-    store = _host_from(memoryview(buf)[p : p + slen_host])
-    p += slen_host
-    reconsume, prepared, blen = struct.unpack_from(">iqi", buf, p)
-    p += 16
-    body = bytes(buf[p : p + blen])
-    p += blen
+    (_size, _magic, crc, qid, flag, qoff, phys, flags, born_ts, born_at, store_ts, store_at,
+     reconsume, prepared, body_at, blen, topic, props) = _scan(buf, pos)
+    body = bytes(buf[body_at : body_at + blen])
     if check_crc and body_crc(body) != crc:
         raise RecordError(f"body CRC mismatch at {pos}")
-    props = decode_properties(fields.properties)
     return Message(
-        topic=fields.topic, body=body, flag=flag, properties=props, queue_id=qid,
+        topic=topic, body=body, flag=flag, properties=decode_properties(props), queue_id=qid,
         sysflag=flags & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6), born_timestamp=born_ts,
-        born_host=born, store_timestamp=store_ts, store_host=store, reconsume_times=reconsume,
-        prepared_transaction_offset=prepared, queue_offset=qoff, commit_log_offset=phys,
-        body_crc=crc,
+        born_host=_host_at(buf, born_at, flags & sf.BORNHOST_V6),
+        store_timestamp=store_ts,
+        store_host=_host_at(buf, store_at, flags & sf.STOREHOST_V6),
+        reconsume_times=reconsume, prepared_transaction_offset=prepared, queue_offset=qoff,
+        commit_log_offset=phys, body_crc=crc,
     )
 
 
