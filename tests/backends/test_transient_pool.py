@@ -96,6 +96,24 @@ def test_appended_records_are_unseen_until_committed(tmp_path: Path) -> None:
         log.close()
 
 
+def test_queue_max_offsets_stop_at_the_committed_end(tmp_path: Path) -> None:
+    """queues() (the spark source's and admin's list of queues with their max offsets) gives
+    the figures bounds() gives: a max offset a pull can read up to, not the entries written
+    ahead of their records' commit."""
+    log = open_pool(tmp_path)
+    try:
+        append_n(log, 3)
+        log.flush()
+        append_n(log, 2)
+        append_n(log, 4, topic="U")
+        assert log.queues() == {("T", 0): 3, ("U", 0): 0}
+        assert log.queues()[("T", 0)] == log.bounds("T", 0)[1]
+        log.flush()
+        assert log.queues() == {("T", 0): 5, ("U", 0): 4}
+    finally:
+        log.close()
+
+
 def test_a_read_stops_before_an_uncommitted_record_instead_of_skipping_it(
     tmp_path: Path,
 ) -> None:

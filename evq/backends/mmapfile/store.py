@@ -581,19 +581,21 @@ class MmapMessageLog(StoreShell):
             entries_per_file=self.config.consume_queue_entries,
         )
 
-    def _queue_end(self, cq: ConsumeQueue) -> int:
+    def _queue_end(self, cq: ConsumeQueue, committed: int | None = None) -> int:
         """The queue offset past the last entry whose record readers may see.
 
         Without a pool, the queue's end.  With one, entries are written at append time, before
         their records reach the file: the end is the first entry whose record lies past the
         committed end of the log (entries follow the log, so a binary search finds it; an
         entry still being written counts as past).  Reads stop there, rather than skip a
-        record they cannot see yet and move the consumer past it for good.
+        record they cannot see yet and move the consumer past it for good.  ``committed``:
+        the log's committed end, for a caller that asks for many queues at one moment.
         """
         hi = cq.next_offset
         if self._pool is None:
             return hi
-        committed = self._log.read_end
+        if committed is None:
+            committed = self._log.read_end
 
         def unseen(qo: int) -> bool:
             e = cq.entry(qo)
@@ -677,8 +679,12 @@ class MmapMessageLog(StoreShell):
         return (cq.min_offset, self._queue_end(cq)) if cq is not None else (0, 0)
 
     def queues(self) -> dict[tuple[str, int], int]:
+        """Max offsets as :meth:`bounds` gives them: with a transient store pool, of the
+        entries whose records are committed, so that no figure promises what a pull cannot
+        read yet."""
         with self._put_lock:
-            return {k: cq.next_offset for k, cq in self._cqs.items()}
+            committed = self._log.read_end
+            return {k: self._queue_end(cq, committed) for k, cq in self._cqs.items()}
 
     # --- raw log -------------------------------------------------------------------------
 
