@@ -28,6 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -116,8 +117,10 @@ class MmapMessageLog(StoreShell):
         self._dispatched = 0  # log offset up to which projections are applied
         self._allocator = Allocator(warm=config.warm_segments,
                                     allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
-        self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
         self._pool = self._transient_pool(config)
+        # The log offset at which appends next ask the allocator to warm ahead: never for a
+        # locked pool, whose buffers were faulted in when they were locked.
+        self._warm_at = sys.maxsize if self._pool is not None and self._pool.locked else 0
         self._committer: CommitService | None = None
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator, pool=self._pool)
@@ -205,7 +208,7 @@ class MmapMessageLog(StoreShell):
         else:
             last.reserve(last.wrote + rec.BLANK_SIZE)
             self._log.lend_buffer(last)
-            self._allocator.prefetch(last)
+            self._log.prefetch_after(last)
 
     def _load_consume_queues(self) -> None:
         base = self.root / "consumequeue"
