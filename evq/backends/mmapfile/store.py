@@ -202,6 +202,9 @@ class MmapMessageLog(StoreShell):
             self._found_no_space(exc)
 
     def _allocate_again(self) -> None:
+        """With a transient store pool, what a commit left in the buffers goes to the files
+        first: puts resume once everything acknowledged can reach the disk."""
+        self._log.commit()
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
@@ -533,7 +536,13 @@ class MmapMessageLog(StoreShell):
         is committed first (this is also the last flush at close).
         """
         if self._committer is not None:
-            target = max(target, self._committer.commit_now())
+            try:
+                target = max(target, self._committer.commit_now())
+            except OSError as exc:  # what was committed before is flushed all the same
+                if not disk.no_space(exc):
+                    raise
+                log.warning("commit_failed", error=str(exc))
+                self._commit_failed(exc)
         with self._log.lock:
             files = list(self._log.files)
         for mf in files:
