@@ -25,10 +25,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+import evq
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile import MmapMessageLog
 from evq.backends.mmapfile.mapped_file import ALLOCATION_CHUNK, WARM_CHUNK, segment_name
 from evq.backends.mmapfile.transient_pool import TransientStorePool
+from evq.domain import topics as tp
+from evq.domain.broker_config import BrokerConfig
 from evq.domain.log import Dispatched, FlushMode, GetStatus, PutStatus
 from evq.domain.record import put_record
 from tests.backends.test_store import message, sized
@@ -115,6 +118,21 @@ def test_queue_max_offsets_stop_at_the_committed_end(tmp_path: Path) -> None:
         assert log.queues() == {("T", 0): 5, ("U", 0): 4}
     finally:
         log.close()
+
+
+def test_a_broker_applies_its_metadata_events_at_once(tmp_path: Path) -> None:
+    """Metadata events are applied from the log right after they are appended: with the pool
+    they are committed for it, or a topic created would appear only once something else
+    happened to be written (a broker started with none registered with the name server)."""
+    config = StoreConfig(**{**_small(), "transient_store_pool_enable": True,  # type: ignore[arg-type]
+                            "commit_interval_ms": NEVER_MS,
+                            "commit_thorough_interval_ms": NEVER_MS})
+    with evq.Broker.open(tmp_path / "data", store_config=config,
+                         broker_config=BrokerConfig(auto_create_topic_enable=True)) as b:
+        assert b.core.log._pool is not None  # type: ignore[attr-defined]
+        assert b.core.topic(tp.AUTO_CREATE_TOPIC) is not None
+        b.create_topic("Orders", 2)
+        assert b.core.topic("Orders") is not None
 
 
 def test_a_read_stops_before_an_uncommitted_record_instead_of_skipping_it(

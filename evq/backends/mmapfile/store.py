@@ -189,6 +189,27 @@ class MmapMessageLog(StoreShell):
                 committed=self._wake_flusher, failed=self._commit_failed,
             )
 
+    def make_readable(self, end_offset: int) -> None:
+        """With a transient store pool, commit now if readers do not see ``end_offset`` yet
+        (a commit of whatever the buffers hold: bytes the commit service would write within
+        its interval anyway)."""
+        if self._committer is not None and self._log.read_end < end_offset:
+            self._commit()
+            self._wake_flusher()
+
+    def _commit(self) -> int:
+        """Commit the pool buffers now; returns the committed end.  A commit that finds no
+        space refuses puts (:meth:`_commit_failed`) and leaves the bytes for a later one."""
+        assert self._committer is not None
+        try:
+            return self._committer.commit_now()
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("commit_failed", error=str(exc))
+            self._commit_failed(exc)
+            return self._log.read_end
+
     def _wake_flusher(self) -> None:
         flusher = self._flusher
         if flusher is not None:
@@ -535,14 +556,8 @@ class MmapMessageLog(StoreShell):
         group commit queue behind writers.  With a transient store pool everything written
         is committed first (this is also the last flush at close).
         """
-        if self._committer is not None:
-            try:
-                target = max(target, self._committer.commit_now())
-            except OSError as exc:  # what was committed before is flushed all the same
-                if not disk.no_space(exc):
-                    raise
-                log.warning("commit_failed", error=str(exc))
-                self._commit_failed(exc)
+        if self._committer is not None:  # what a failed commit left out waits for the next
+            target = max(target, self._commit())
         with self._log.lock:
             files = list(self._log.files)
         for mf in files:
