@@ -21,6 +21,7 @@ from evq.domain.message import new_message
 from evq.domain.record import iter_records, parse_offset_msg_id
 from tests.ha.group import Group, broker_group, log_end, read_store, until, wait_caught_up
 from tests.ha.test_kill_rounds import TOPIC, Ack, check_store, send_continuously
+from tests.processes import run_evq, running_evq
 
 POOL_CONF = ("mappedFileSizeCommitLog=16777216\nwarmSegments=false\nslaveReadEnable=true\n"
              "transientStorePoolEnable=true\ntransientStorePoolSize=2\n")
@@ -160,3 +161,24 @@ def test_a_pooled_master_ships_committed_bytes_only_and_a_pooled_slave_runs_with
                 if m.topic == TOPIC]
     assert received[:5] == [f"few{i}".encode() for i in range(5)]
 
+
+
+def test_evq_serve_with_the_pool_serves_what_it_acknowledged(tmp_path: Path) -> None:
+    """``evq serve --transient-store-pool``: the flag reaches the store, and a consumer reads
+    every acknowledged message once committed (its long poll woken by the commit)."""
+    with (
+        (tmp_path / "serve.log").open("w") as err,
+        running_evq("--log-level", "info", "serve", "--port", "0", "--namesrv-port", "0",
+                    "--data", str(tmp_path / "data"), "--transient-store-pool",
+                    servers=2, stderr=err) as served,
+    ):
+        namesrv = served.addresses["namesrv"]
+        lines = "".join(f"pooled {i}\n" for i in range(20))
+        sent = run_evq("produce", "-n", namesrv, "-t", "Pooled", stdin=lines)
+        assert sent.returncode == 0 and sent.stdout.count("SEND_OK") == 20, sent.stderr
+        got = run_evq("consume", "-n", namesrv, "-t", "Pooled", "-g", "G", "--from-beginning",
+                      "--count", "20")
+        assert got.returncode == 0, got.stderr
+        assert sorted(got.stdout.splitlines()) == sorted(lines.splitlines())
+        assert served.stop() == 0
+    assert len(events((tmp_path / "serve.log").read_text(), "transient_store_pool_enabled")) == 1
