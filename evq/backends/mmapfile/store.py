@@ -224,8 +224,9 @@ class MmapMessageLog(StoreShell):
 
     def _allocate_again(self) -> None:
         """With a transient store pool, what a commit left in the buffers goes to the files
-        first: puts resume once everything acknowledged can reach the disk."""
-        self._log.commit()
+        first (its arrivals announced): puts resume once everything acknowledged is there."""
+        if self._committer is not None:
+            self._committer.commit_now()
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
