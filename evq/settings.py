@@ -93,6 +93,7 @@ ALIASES = {
     "mappedFileSizeCommitLog": "commitlog_segment_size",
     "flushIntervalCommitLog": "flush_interval_ms",
     "flushCommitLogLeastPages": "flush_least_pages",
+    "flushCommitLogThoroughInterval": "flush_thorough_interval_ms",
     "commitIntervalCommitLog": "commit_interval_ms",
     "commitCommitLogLeastPages": "commit_least_pages",
     "commitCommitLogThoroughInterval": "commit_thorough_interval_ms",

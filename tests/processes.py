@@ -127,10 +127,11 @@ def running_namesrv() -> Iterator[str]:
 
 @contextlib.contextmanager
 def running_broker(namesrv: str, data: Path, *args: str, port: int = 0,
-                   stderr: IO[str] | int = subprocess.DEVNULL) -> Iterator[Running]:
+                   stderr: IO[str] | int = subprocess.DEVNULL, log_level: str = "warning",
+                   ) -> Iterator[Running]:
     """``evq broker`` (on a free port unless ``port`` is given) with ``args``, once the name
     server routes to it."""
-    with running_evq("--log-level", "warning", "broker", "--port", str(port),
+    with running_evq("--log-level", log_level, "broker", "--port", str(port),
                      "--namesrv", namesrv, "--data", str(data), *args, servers=1,
                      stderr=stderr) as broker:
         wait_registered(namesrv, broker.addresses["broker"])

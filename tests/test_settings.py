@@ -130,6 +130,12 @@ def test_transient_store_pool_keys_reach_the_store(tmp_path: Path) -> None:
     assert flagged.store.transient_store_pool_enable
 
 
+def test_the_flush_thorough_interval_has_its_rocketmq_name(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("flushCommitLogThoroughInterval=3600000\n")
+    assert load(config_file=conf, env={}).store.flush_thorough_interval_ms == 3_600_000
+
+
 @pytest.mark.parametrize(("flags", "reason"), [
     ({"flush": "SYNC_FLUSH"}, "SYNC_FLUSH"),
     ({"broker_role": "SLAVE", "broker_id": 1}, "SLAVE"),

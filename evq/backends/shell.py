@@ -179,6 +179,9 @@ class StoreShell(MessageLog):
     def on_durable(self, end_offset: int, callback: Callable[[bool], None], timeout: float) -> None:
         self._running_flusher().request(end_offset, callback, timeout)
 
+    def make_readable(self, end_offset: int) -> None:
+        """Readable once appended (the mmap store with a transient store pool overrides)."""
+
     def _running_flusher(self) -> Flusher:
         if self._flusher is None:
             raise LogClosed("the log is closed")

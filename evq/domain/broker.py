@@ -322,6 +322,7 @@ class Broker:
                               f"{self.refusal_remark(failed[0].status)}")
         if events:
             self.log.wait_durable(results[-1].end_offset, self.config.sync_flush_timeout_ms / 1000)
+            self.log.make_readable(results[-1].end_offset)
             self.catch_up()
         return results
 

@@ -221,6 +221,13 @@ class MessageLog(abc.ABC):
         """Call ``callback(True)`` once durable up to ``end_offset``, ``callback(False)`` on
         timeout; from the flusher's thread.  The non-blocking form of :meth:`wait_durable`."""
 
+    @abc.abstractmethod
+    def make_readable(self, end_offset: int) -> None:
+        """Let readers see the records below ``end_offset`` now.  Appended records are
+        readable at once on every backend but mmap with the transient store pool, whose commit
+        service publishes them within its interval; the broker's metadata events, applied from
+        the log right after they are written, ask for theirs at once."""
+
     # --- reading --------------------------------------------------------------------------
 
     @abc.abstractmethod

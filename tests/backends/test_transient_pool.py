@@ -9,7 +9,9 @@ pool of one still takes any number of segments, and SYNC_FLUSH runs without the 
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import resource
 import shutil
@@ -23,9 +25,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+import evq
 from evq.backends.config import StoreConfig
 from evq.backends.mmapfile import MmapMessageLog
+from evq.backends.mmapfile.mapped_file import ALLOCATION_CHUNK, WARM_CHUNK, segment_name
 from evq.backends.mmapfile.transient_pool import TransientStorePool
+from evq.domain import topics as tp
+from evq.domain.broker_config import BrokerConfig
 from evq.domain.log import Dispatched, FlushMode, GetStatus, PutStatus
 from evq.domain.record import put_record
 from tests.backends.test_store import message, sized
@@ -94,6 +100,39 @@ def test_appended_records_are_unseen_until_committed(tmp_path: Path) -> None:
             assert bytes(view) == file_bytes(tmp_path, phys, 1000)
     finally:
         log.close()
+
+
+def test_queue_max_offsets_stop_at_the_committed_end(tmp_path: Path) -> None:
+    """queues() (the spark source's and admin's list of queues with their max offsets) gives
+    the figures bounds() gives: a max offset a pull can read up to, not the entries written
+    ahead of their records' commit."""
+    log = open_pool(tmp_path)
+    try:
+        append_n(log, 3)
+        log.flush()
+        append_n(log, 2)
+        append_n(log, 4, topic="U")
+        assert log.queues() == {("T", 0): 3, ("U", 0): 0}
+        assert log.queues()[("T", 0)] == log.bounds("T", 0)[1]
+        log.flush()
+        assert log.queues() == {("T", 0): 5, ("U", 0): 4}
+    finally:
+        log.close()
+
+
+def test_a_broker_applies_its_metadata_events_at_once(tmp_path: Path) -> None:
+    """Metadata events are applied from the log right after they are appended: with the pool
+    they are committed for it, or a topic created would appear only once something else
+    happened to be written (a broker started with none registered with the name server)."""
+    config = StoreConfig(**{**_small(), "transient_store_pool_enable": True,  # type: ignore[arg-type]
+                            "commit_interval_ms": NEVER_MS,
+                            "commit_thorough_interval_ms": NEVER_MS})
+    with evq.Broker.open(tmp_path / "data", store_config=config,
+                         broker_config=BrokerConfig(auto_create_topic_enable=True)) as b:
+        assert b.core.log._pool is not None  # type: ignore[attr-defined]
+        assert b.core.topic(tp.AUTO_CREATE_TOPIC) is not None
+        b.create_topic("Orders", 2)
+        assert b.core.topic("Orders") is not None
 
 
 def test_a_read_stops_before_an_uncommitted_record_instead_of_skipping_it(
@@ -260,5 +299,51 @@ def test_keys_are_found_only_once_committed(tmp_path: Path) -> None:
         assert log.query_keys("T", "order-1", 10, 0, 2**62).records == []
         log.flush()
         assert len(log.query_keys("T", "order-1", 10, 0, 2**62).records) == 1
+    finally:
+        log.close()
+
+
+
+def resident_pages(path: Path, start: int, end: int) -> int:
+    """How many pages of ``path``'s ``[start, end)`` are in the page cache: mincore on a
+    fresh mapping, which faults nothing in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, end) as mm:
+            vec = ctypes.create_string_buffer((end - start) // mmap.PAGESIZE)
+            anchor = ctypes.c_char.from_buffer(mm)
+            try:
+                rc = libc.mincore(ctypes.addressof(anchor) + start, end - start, vec)
+            finally:
+                del anchor
+            assert rc == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["mapped-write", "pool"])
+def test_the_allocator_warms_no_segment_mapping_the_pool_replaces(tmp_path: Path,
+                                                                 pool: bool) -> None:
+    """The next segment is built ahead either way (and its first chunk's blocks allocated:
+    disk-full safety); only the mapped write has its first pages faulted in, for with the
+    pool nothing writes through the mapping."""
+    seg = 2 * WARM_CHUNK
+    log = open_pool(tmp_path, transient_store_pool_enable=pool, transient_store_pool_size=2,
+                    commitlog_segment_size=seg, warm_segments=True)
+    try:
+        append_n(log, 1)
+        nxt = tmp_path / "commitlog" / segment_name(seg)
+        allocator = log._allocator
+        wait_for("the next segment built ahead",
+                 lambda: nxt in allocator._ready)
+        assert os.stat(nxt).st_blocks * 512 >= ALLOCATION_CHUNK
+        warmed = resident_pages(nxt, ALLOCATION_CHUNK, WARM_CHUNK)
+        if pool:
+            assert warmed == 0
+        else:
+            assert warmed == (WARM_CHUNK - ALLOCATION_CHUNK) // mmap.PAGESIZE
     finally:
         log.close()

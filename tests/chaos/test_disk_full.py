@@ -10,6 +10,10 @@ serves reads.  Two ways to fill it: past the warning level (the ratio refuses pu
 the last block with the warning level at 100% (only an allocation that finds no space stops
 the writes, which before were SIGBUS).
 
+The mmap store with the transient store pool is filled to the last block too, and has a
+commit find no space (its reserved blocks taken back): the acknowledged records wait in the
+pool buffer and are committed before puts resume.
+
 RocksDB is filled only past the warning level: once its write-ahead log has met ENOSPC it
 refuses every write until it is reopened ("Writer has previous error"), which the watermark
 exists to prevent.
@@ -18,9 +22,11 @@ exists to prevent.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import gc
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -198,6 +204,105 @@ def test_a_disk_full_to_the_last_block_refuses_puts_and_a_restart_on_it_serves_r
         status, body, qo = put(log, 10**6 + 2)
         assert status is PutStatus.PUT_OK
         assert bodies(log) == {**acked, qo: body}
+    finally:
+        log.close()
+
+
+# --- the mmap store with the transient store pool ---------------------------------------------
+
+# ASYNC_FLUSH (the pool's rule); commits and flushes only when a test calls flush(), or when the
+# two buffers are both waiting (so what lies in a buffer at a given moment is the test's choice).
+POOLED = attrs.evolve(
+    TO_THE_LAST_BLOCK, flush=FlushMode.ASYNC_FLUSH, transient_store_pool_enable=True,
+    transient_store_pool_size=2, commit_interval_ms=3_600_000,
+    commit_thorough_interval_ms=3_600_000, flush_interval_ms=3_600_000,
+    flush_thorough_interval_ms=3_600_000,
+)
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+
+
+def punch_hole(path: Path, start: int, end: int) -> None:
+    """Give the file system back the blocks of ``path``'s ``[start, end)``, as a file system
+    that takes blocks for its own bookkeeping on write needs some after all."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        rc = libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, end - start)
+        assert rc == 0, os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+
+
+def test_with_the_transient_store_pool_a_full_disk_refuses_puts_and_loses_nothing_acknowledged(
+    small_fs: Path,
+) -> None:
+    """Blocks are reserved before a record goes into a pool buffer, so at the last block the
+    put is refused and everything acknowledged commits; a restart on the full disk serves it
+    and takes puts once there is room."""
+    root = small_fs / "store"
+    log = open_log("mmap", root, POOLED)
+    try:
+        assert log._pool is not None  # type: ignore[attr-defined]
+        filler = fill(small_fs, leave=6 * MIB)
+        acked = put_until_refused(log)
+        assert len(acked) > 100
+        assert "no space" in log.disk_status.refused
+        assert put(log, 10**6)[0] is PutStatus.SERVICE_NOT_AVAILABLE
+        log.flush()  # the commit lands on the blocks reserved for it
+        assert bodies(log) == acked
+    finally:
+        log.close()
+    fill(small_fs)
+    log = open_log("mmap", root, POOLED)
+    try:
+        assert bodies(log) == acked
+        assert put(log, 10**6 + 1)[0] is PutStatus.SERVICE_NOT_AVAILABLE
+        filler.unlink()
+        wait_until("puts taken again", lambda: log.disk_status.writable)
+        status, body, qo = put(log, 10**6 + 2)
+        assert status is PutStatus.PUT_OK
+        log.flush()
+        assert bodies(log) == {**acked, qo: body}
+    finally:
+        log.close()
+
+
+def test_with_the_transient_store_pool_a_commit_that_finds_no_space_is_retried_once_freed(
+    small_fs: Path,
+) -> None:
+    """Acknowledged records wait in a pool buffer when their commit finds the disk full (their
+    reserved blocks taken back here): puts are refused with the reason, what was committed
+    stays readable, and once there is room the commit is retried before puts resume; a
+    restart finds every acknowledged record."""
+    root = small_fs / "store"
+    log = open_log("mmap", root, POOLED)
+    try:
+        committed = {qo: body for status, body, qo in (put(log, i) for i in range(10))
+                     if status is PutStatus.PUT_OK}
+        log.flush()
+        waiting = {qo: body for status, body, qo in (put(log, i) for i in range(10, 20))
+                   if status is PutStatus.PUT_OK}
+        assert len(committed) == len(waiting) == 10
+        segment = log._log.files[-1]  # type: ignore[attr-defined]
+        hole_from = segment.committed - segment.committed % mmap.PAGESIZE + mmap.PAGESIZE
+        punch_hole(segment.path, hole_from, segment.allocated)
+        filler = fill(small_fs)
+        log.flush()  # the commit finds no space: nothing raised, the bytes stay buffered
+        assert "no space" in log.disk_status.refused
+        assert put(log, 20)[0] is PutStatus.SERVICE_NOT_AVAILABLE
+        assert bodies(log) == committed
+        filler.unlink()
+        wait_until("puts taken again", lambda: log.disk_status.writable)
+        assert bodies(log) == {**committed, **waiting}  # committed before puts resumed
+        status, body, qo = put(log, 21)
+        assert status is PutStatus.PUT_OK
+        acked = {**committed, **waiting, qo: body}
+    finally:
+        log.close()
+    log = open_log("mmap", root, POOLED)
+    try:
+        assert bodies(log) == acked
     finally:
         log.close()
 

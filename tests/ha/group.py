@@ -68,12 +68,13 @@ class Group:
                             "slaveReadEnable=true\n")
         return path
 
-    def start_master(self, role: str, *extra: str) -> Running:
+    def start_master(self, role: str, *extra: str, log_level: str = "warning") -> Running:
         """Start (or restart) the master; returns once the name server routes to it."""
         self.master = self.stack.enter_context(running_broker(
             self.namesrv, self.root / "master", "--config", str(self.config),
             "--ha-port", str(self.ha_port), "--role", role, *extra, port=self.master_port,
-            stderr=self.stack.enter_context((self.root / "master.log").open("a"))))
+            stderr=self.stack.enter_context((self.root / "master.log").open("a")),
+            log_level=log_level))
         return self.master
 
     def start_slave(self, *extra: str, master_ha: bool = True) -> Running:

@@ -310,11 +310,11 @@ class Allocator:
         self._thread.start()
 
     def take(self, path: Path, start: int, size: int, *, successor: bool = True,
-             allocate: int = ALLOCATION_CHUNK) -> MappedFile:
+             allocate: int = ALLOCATION_CHUNK, warm: int = WARM_CHUNK) -> MappedFile:
         """The file at ``path``, pre-built if it was asked for; with ``successor`` the segment
-        after it is asked for in turn.  ``allocate``: bytes allocated up front (see
-        :meth:`MappedFile.reserve`); raises ``OSError`` (ENOSPC) when the disk has no room
-        for them."""
+        after it is asked for in turn, with its first ``warm`` bytes faulted in.
+        ``allocate``: bytes allocated up front (see :meth:`MappedFile.reserve`); raises
+        ``OSError`` (ENOSPC) when the disk has no room for them."""
         with self._lock:
             while path in self._build:  # being built right now: it is nearly there
                 self._lock.wait()
@@ -322,7 +322,7 @@ class Allocator:
         if mf is None:
             mf = MappedFile(path, start, size, create=True, allocate=allocate)
         if successor:
-            self.prefetch(mf)
+            self.prefetch(mf, warm=warm)
         return mf
 
     def build(self, path: Path, start: int, size: int, *, warm: int = WARM_CHUNK,
@@ -342,11 +342,12 @@ class Allocator:
             self._request(warm=(mf.writer, pos, end - pos))
         return mf.start + min(mf.size, chunk * WARM_CHUNK)
 
-    def prefetch(self, current: MappedFile) -> None:
-        """Build the segment that will follow ``current``."""
+    def prefetch(self, current: MappedFile, *, warm: int = WARM_CHUNK) -> None:
+        """Build the segment that will follow ``current``, its first ``warm`` bytes faulted
+        in (none for a segment whose writer appends into a transient store pool buffer)."""
         nxt = current.path.parent / segment_name(current.end)
         if nxt not in self._ready and not nxt.exists():
-            self.build(nxt, current.end, current.size)
+            self.build(nxt, current.end, current.size, warm=warm)
 
     def _request(
         self,
@@ -384,7 +385,7 @@ class Allocator:
                 mf_new = MappedFile(path, start, size, create=True, allocate=allocate)
             except (OSError, disk.AllocationUnsupported) as exc:
                 log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
-            if mf_new is not None and self._warm:
+            if mf_new is not None and self._warm and warm_bytes:
                 self._fault_in(mf_new.mm, 0, min(size, warm_bytes))
             with self._lock:
                 self._build.pop(path, None)
@@ -490,6 +491,19 @@ class MappedFileQueue:
     def last(self) -> MappedFile | None:
         return self.files[-1] if self.files else None
 
+    @property
+    def warm_bytes(self) -> int:
+        """How much of a new segment's mapping the allocator faults in ahead of its writer:
+        nothing with a transient store pool, whose writer never touches the mapping (commits
+        ``pwrite`` into the file, readers fault in what they read).  Warming it would only
+        dirty page-cache pages with zeros for the kernel to write back."""
+        return 0 if self.pool is not None else WARM_CHUNK
+
+    def prefetch_after(self, mf: MappedFile) -> None:
+        """Have the segment after ``mf`` built ahead (see :meth:`Allocator.prefetch`)."""
+        if self.allocator is not None:
+            self.allocator.prefetch(mf, warm=self.warm_bytes)
+
     # --- the transient store pool ---------------------------------------------------------
 
     def lend_buffer(self, mf: MappedFile) -> None:
@@ -530,7 +544,7 @@ class MappedFileQueue:
         durable_fs.make_dirs(self.directory, self.pending)
         path = self.directory / segment_name(start)
         if self.allocator is not None:
-            mf = self.allocator.take(path, start, self.segment_size)
+            mf = self.allocator.take(path, start, self.segment_size, warm=self.warm_bytes)
         else:  # a file written a little at a time: its writer reserves ahead
             mf = MappedFile(path, start, self.segment_size, create=True, pending=self.pending)
         self._advised(mf)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,8 +118,10 @@ class MmapMessageLog(StoreShell):
         self._dispatched = 0  # log offset up to which projections are applied
         self._allocator = Allocator(warm=config.warm_segments,
                                     allocate_blocks=config.flush is FlushMode.SYNC_FLUSH)
-        self._warm_at = 0  # log offset at which appends next ask the allocator to warm ahead
         self._pool = self._transient_pool(config)
+        # The log offset at which appends next ask the allocator to warm ahead: never for a
+        # locked pool, whose buffers were faulted in when they were locked.
+        self._warm_at = sys.maxsize if self._pool is not None and self._pool.locked else 0
         self._committer: CommitService | None = None
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator, pool=self._pool)
@@ -188,6 +191,27 @@ class MmapMessageLog(StoreShell):
                 committed=self._wake_flusher, failed=self._commit_failed,
             )
 
+    def make_readable(self, end_offset: int) -> None:
+        """With a transient store pool, commit now if readers do not see ``end_offset`` yet
+        (a commit of whatever the buffers hold: bytes the commit service would write within
+        its interval anyway)."""
+        if self._committer is not None and self._log.read_end < end_offset:
+            self._commit()
+            self._wake_flusher()
+
+    def _commit(self) -> int:
+        """Commit the pool buffers now; returns the committed end.  A commit that finds no
+        space refuses puts (:meth:`_commit_failed`) and leaves the bytes for a later one."""
+        assert self._committer is not None
+        try:
+            return self._committer.commit_now()
+        except OSError as exc:
+            if not disk.no_space(exc):
+                raise
+            log.warning("commit_failed", error=str(exc))
+            self._commit_failed(exc)
+            return self._log.read_end
+
     def _wake_flusher(self) -> None:
         flusher = self._flusher
         if flusher is not None:
@@ -201,13 +225,17 @@ class MmapMessageLog(StoreShell):
             self._found_no_space(exc)
 
     def _allocate_again(self) -> None:
+        """With a transient store pool, what a commit left in the buffers goes to the files
+        first (its arrivals announced): puts resume once everything acknowledged is there."""
+        if self._committer is not None:
+            self._committer.commit_now()
         last = self._log.last()
         if last is None:
             self._log.new_segment(0)
         else:
             last.reserve(last.wrote + rec.BLANK_SIZE)
             self._log.lend_buffer(last)
-            self._allocator.prefetch(last)
+            self._log.prefetch_after(last)
 
     def _load_consume_queues(self) -> None:
         base = self.root / "consumequeue"
@@ -532,8 +560,8 @@ class MmapMessageLog(StoreShell):
         group commit queue behind writers.  With a transient store pool everything written
         is committed first (this is also the last flush at close).
         """
-        if self._committer is not None:
-            target = max(target, self._committer.commit_now())
+        if self._committer is not None:  # what a failed commit left out waits for the next
+            target = max(target, self._commit())
         with self._log.lock:
             files = list(self._log.files)
         for mf in files:
@@ -584,19 +612,21 @@ class MmapMessageLog(StoreShell):
             entries_per_file=self.config.consume_queue_entries,
         )
 
-    def _queue_end(self, cq: ConsumeQueue) -> int:
+    def _queue_end(self, cq: ConsumeQueue, committed: int | None = None) -> int:
         """The queue offset past the last entry whose record readers may see.
 
         Without a pool, the queue's end.  With one, entries are written at append time, before
         their records reach the file: the end is the first entry whose record lies past the
         committed end of the log (entries follow the log, so a binary search finds it; an
         entry still being written counts as past).  Reads stop there, rather than skip a
-        record they cannot see yet and move the consumer past it for good.
+        record they cannot see yet and move the consumer past it for good.  ``committed``:
+        the log's committed end, for a caller that asks for many queues at one moment.
         """
         hi = cq.next_offset
         if self._pool is None:
             return hi
-        committed = self._log.read_end
+        if committed is None:
+            committed = self._log.read_end
 
         def unseen(qo: int) -> bool:
             e = cq.entry(qo)
@@ -681,8 +711,12 @@ class MmapMessageLog(StoreShell):
         return (cq.min_offset, self._queue_end(cq)) if cq is not None else (0, 0)
 
     def queues(self) -> dict[tuple[str, int], int]:
+        """Max offsets as :meth:`bounds` gives them: with a transient store pool, of the
+        entries whose records are committed, so that no figure promises what a pull cannot
+        read yet."""
         with self._put_lock:
-            return {k: cq.next_offset for k, cq in self._cqs.items()}
+            committed = self._log.read_end
+            return {k: self._queue_end(cq, committed) for k, cq in self._cqs.items()}
 
     # --- raw log -------------------------------------------------------------------------
 
