@@ -8,6 +8,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,35 @@ async def test_shutdown_cancels_handlers_that_outlive_the_grace(eager: bool) -> 
         assert cancelled.is_set()  # the cancellation reached the handler's own await
         with pytest.raises(ConnectionClosed):
             await poll
+
+
+def test_connections_in_several_threads_read_their_own_bytes() -> None:
+    """Reads land in a buffer shared by the connections of one thread (evq.net.transport.
+    _read_buffer): event loops in other threads, serving and asking at the same time, must
+    each get exactly the bytes their peers sent."""
+    errors: list[BaseException] = []
+
+    async def hammer(tag: int) -> None:
+        async with serving({ECHO: echo}) as server, client_of(server) as client:
+            for i in range(300):
+                body = bytes([tag]) * (1 + (i * 7919) % 200_000)  # from one byte to ~200 KB
+                answer = await client.invoke(
+                    RemotingCommand.request(ECHO, {"i": str(i)}, body), TIMEOUT)
+                assert (answer.ext_fields["i"], answer.body) == (str(i), body)
+
+    def run(tag: int) -> None:
+        try:
+            asyncio.run(hammer(tag))
+        except BaseException as exc:  # reported by the test thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "a reading thread did not finish in 120 s"
+    assert not errors, errors
 
 
 # --- errors answered ---------------------------------------------------------------------------
