@@ -12,7 +12,7 @@ import sys
 from tests.processes import REPO_ROOT, python_env
 
 EXTRAS_ONLY = ("pytest", "hypothesis", "trustme", "pyspark", "pyarrow", "matplotlib", "redis",
-               "rocketmq", "ruff")
+               "rocketmq", "ruff", "eventsourcing")
 """What pyproject's extras (dev, spark, bench) bring and the dependencies do not."""
 EXTRA_SUBPACKAGES = ("evq.spark", "evq.bench")
 """Subpackages that are the extras' features: they may import their packages."""
@@ -23,8 +23,8 @@ for name in {EXTRAS_ONLY!r}:
     sys.modules[name] = None  # importing it now raises ImportError, as when not installed
 import evq
 for module in pkgutil.walk_packages(evq.__path__, "evq."):
-    if not module.name.startswith({EXTRA_SUBPACKAGES!r}):
-        importlib.import_module(module.name)
+    if not module.name.startswith({EXTRA_SUBPACKAGES!r}) and module.name != "evq.__main__":
+        importlib.import_module(module.name)  # (evq.__main__ would run the command)
 from evq.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,14 @@ import pytest
 from evq.domain.codes import ResponseCode
 from evq.net.codes import RequestCode
 from evq.net.protocol import FrameDecoder, RemotingCommand
-from tests.processes import port_of, run_evq, running_evq
+from tests.processes import (
+    EXIT_TIMEOUT,
+    REPO_ROOT,
+    port_of,
+    python_env,
+    run_evq,
+    running_evq,
+)
 
 QUIET = ("--log-level", "warning")  # logs only what is wrong: stderr is the refusal alone
 TIMEOUT = 5.0
@@ -132,3 +141,13 @@ def test_sigterm_shuts_the_broker_down_cleanly(tmp_path: Path) -> None:
     (recovered,) = [record for line in log.read_text().splitlines()
                     if (record := json.loads(line))["event"] == "store_recovered"]
     assert recovered["abnormal"] is False
+
+
+def test_python_dash_m_evq_is_the_evq_command() -> None:
+    """``python -m evq`` runs the same command as the ``evq`` script (a venv whose scripts
+    are not on PATH, or a checkout run without installing)."""
+    proc = subprocess.run([sys.executable, "-m", "evq", "admin", "--help"], capture_output=True,
+                          text=True, cwd=REPO_ROOT, env=python_env(), timeout=EXIT_TIMEOUT,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: evq admin")
