@@ -25,7 +25,7 @@ from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, run
 from tests.chaos.conftest import Report
 from tests.processes import port_of, running_evq
-from tests.strategies import sendable_topics
+from tests.strategies import not_system_property, sendable_topics
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -78,8 +78,10 @@ def test_names_and_properties_at_their_limits_survive_sigkill(tmp_path: Path,
                      "SYNC_FLUSH", "--data", str(tmp_path / "data"), servers=1) as broker:
         port = port_of(broker.addresses["broker"])
 
+        user_names = property_text.filter(not_system_property)
+
         @settings(max_examples=60, deadline=None)
-        @given(sendable_topics, st.dictionaries(property_text, property_text, max_size=5))
+        @given(sendable_topics, st.dictionaries(user_names, property_text, max_size=5))
         def legal(topic: str, props: dict[str, str]) -> None:
             run(store(port, topic, props))
 
