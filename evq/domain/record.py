@@ -38,7 +38,6 @@ Batch bodies sent by producers (``batch=true``) use a shorter inner form, one pe
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import struct
 import zlib
@@ -108,7 +107,7 @@ def _host_len(sysflag: int, bit: int) -> int:
     return 20 if sysflag & bit else 8
 
 
-@functools.lru_cache(maxsize=4096)
+@lru_cache(maxsize=4096)
 def _ip_text(packed: bytes) -> str:
     # Cached: every record carries two hosts, and a log holds few distinct ones (its brokers
     # and producers); the ipaddress round trip was a third of decoding a pulled record.
@@ -116,8 +115,8 @@ def _ip_text(packed: bytes) -> str:
 
 
 def _host_from(raw: bytes | memoryview) -> Host:
-    """The host in ``raw``: its address bytes, then a 4-byte port."""
-    return (_ip_text(bytes(raw[:-4])), int.from_bytes(raw[-4:], "big"))
+    """The host in ``raw``: its 4 or 16 address bytes, then a 4-byte port."""
+    return _host_at(raw, 0, len(raw) > 8)
 
 
 def _host_at(buf: bytes | bytearray | memoryview, at: int, v6: int) -> Host:
