@@ -156,17 +156,11 @@ def _encode(m: Message, properties: str) -> bytes:
     store, store_v6 = _host_field(m.store_host)
     flags = m.sysflag & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)
     body = m.body
-    crc = body_crc(body)
     if not (born_v6 or store_v6):
-        # The common case in one pack and one join: the whole fixed part is a single struct
-        # (see above), and the join allocates the record once.
-        return b"".join((
-            HEADER_V4.pack(
-                HEADER_V4_SIZE + len(body) + 1 + len(topic) + 2 + len(props), MAGIC_V1, crc,
-                m.queue_id, m.flag, m.queue_offset, m.commit_log_offset, flags,
-                m.born_timestamp, born, m.store_timestamp, store, m.reconsume_times,
-                m.prepared_transaction_offset, len(body)),
-            body, _TOPIC_LEN[len(topic)], topic, INT16.pack(len(props)), props))
+        return pack_v4(topic, props, body, m.queue_id, m.flag, m.queue_offset,
+                       m.commit_log_offset, flags, m.born_timestamp, born, m.store_timestamp,
+                       store, m.reconsume_times, m.prepared_transaction_offset)
+    crc = body_crc(body)
     if born_v6:
         flags |= sf.BORNHOST_V6
     if store_v6:
@@ -189,6 +183,24 @@ def _encode(m: Message, properties: str) -> bytes:
     out[pos : pos + len(body)] = body
     out[pos + len(body) :] = _TOPIC_LEN[len(topic)] + topic + INT16.pack(len(props)) + props
     return bytes(out)
+
+
+def pack_v4(topic: bytes, props: bytes, body: bytes, queue_id: int, flag: int,
+            queue_offset: int, physical_offset: int, sysflag: int, born_timestamp: int,
+            born_host: bytes, store_timestamp: int, store_host: bytes, reconsume_times: int,
+            prepared_offset: int) -> bytes:
+    """The record of IPv4 hosts (8-byte host fields), BODYCRC computed here: the common case,
+    and the whole of the send path's encoding.  Lengths are the caller's to check (topic
+    1..127 bytes, properties at most 32767); ``sysflag`` carries no host-width bits."""
+    # One pack and one join: the whole fixed part is a single struct (see above), and the
+    # join allocates the record once.
+    return b"".join((
+        HEADER_V4.pack(
+            HEADER_V4_SIZE + len(body) + 1 + len(topic) + 2 + len(props), MAGIC_V1,
+            body_crc(body), queue_id, flag, queue_offset, physical_offset, sysflag,
+            born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+            prepared_offset, len(body)),
+        body, _TOPIC_LEN[len(topic)], topic, INT16.pack(len(props)), props))
 
 
 @attrs.frozen(slots=True)
