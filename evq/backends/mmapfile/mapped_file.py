@@ -243,6 +243,11 @@ class MappedFile:
             self.flushed = target
         return self.flushed
 
+    def sync_range(self, start: int, end: int) -> None:
+        """msync the bytes in ``[start, end)``, whatever wrote them."""
+        aligned = start - start % mmap.PAGESIZE
+        msync(self.mm, aligned, end - aligned)
+
     def zero_from(self, pos: int) -> int:
         """Zero the segment from ``pos`` on; returns how many bytes past ``pos`` held data.
 
@@ -585,7 +590,13 @@ class MappedFileQueue:
                     mf.destroy()
                     continue
                 pos = min(offset - mf.start, mf.size)
-                dropped += mf.zero_from(pos)
+                zeroed = mf.zero_from(pos)
+                if zeroed:
+                    # On disk before the log goes on: a power cut must not bring back the cut
+                    # records behind new ones (recovery would scan on into them).  The deleted
+                    # segments need no sync: recovery cuts whatever follows this one's end.
+                    mf.sync_range(pos, pos + zeroed)
+                dropped += zeroed
                 mf.wrote = pos
                 mf.flushed = min(mf.flushed, pos)
                 mf.committed = min(mf.committed, pos)
