@@ -688,8 +688,12 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 async def _start_broker(server: BrokerServer, settings: Settings) -> None:
+    from evq.net.broker import ListenError
+
     try:
         await server.start()
+    except ListenError as exc:
+        raise _cannot_listen(exc.host, exc.port, exc) from exc
     except OSError as exc:
         raise _cannot_listen(settings.net.host, settings.net.listen_port, exc) from exc
     ha = f", ha {server.ha_address}" if server.ha_address else ""

@@ -87,6 +87,18 @@ def test_broker_refuses_a_port_in_use_before_touching_its_data_dir(tmp_path: Pat
         assert first.stop() == 0
 
 
+def test_a_sync_master_names_its_ha_port_when_that_one_is_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ha_port = taken.getsockname()[1]
+        broker = run_evq(*QUIET, "broker", "--port", "0", "--role", "SYNC_MASTER",
+                         "--ha-port", str(ha_port), "--data", str(tmp_path / "data"))
+    assert broker.returncode == 1
+    assert one_error_line(broker.stderr) == (
+        f"evq: error: cannot listen on 127.0.0.1:{ha_port}: Address already in use")
+
+
 def test_broker_refuses_a_data_dir_another_broker_holds(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with running_evq(*QUIET, "broker", "--port", "0", "--data", str(data), servers=1) as first:

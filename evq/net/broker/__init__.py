@@ -1,5 +1,5 @@
 """The broker server: RocketMQ request processors over the domain broker."""
 
-from evq.net.broker.server import BrokerServer
+from evq.net.broker.server import BrokerServer, ListenError
 
-__all__ = ["BrokerServer"]
+__all__ = ["BrokerServer", "ListenError"]

@@ -95,6 +95,16 @@ class CheckBack:
         return True
 
 
+class ListenError(OSError):
+    """A port the broker could not listen on other than its remoting port (the HA port): the
+    error names the address it tried, where the bind error alone would leave a reader to
+    guess which of the broker's ports it was."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.host, self.port = host, port
+
+
 class BrokerServer:
     def __init__(self, settings: Settings, *, clock: Clock = SYSTEM_CLOCK,
                  transport: TransportConfig | None = None) -> None:
@@ -213,7 +223,7 @@ class BrokerServer:
         except OSError as exc:
             # Only a broker that needs slaves fails for want of the port; others serve on.
             if s.broker.broker_role is BrokerRole.SYNC_MASTER or s.net.ha_listen_port:
-                raise
+                raise ListenError(s.net.host, s.net.ha_port, exc) from exc
             log.warning("ha_port_unavailable", port=s.net.ha_port, error=str(exc))
             return
         self.ha_master = master
