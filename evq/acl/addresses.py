@@ -18,7 +18,8 @@ A pattern names the client addresses an ACL rule trusts.  The forms are RocketMQ
 
 Anything else is an :class:`AddressPatternError` naming the pattern, raised when the account
 file is read, so that a typo never silently trusts or refuses everyone.  Unlike RocketMQ, an
-IPv4 client reaching a dual-stack socket as ``::ffff:a.b.c.d`` is matched as ``a.b.c.d``.
+IPv4 client reaching a dual-stack socket as ``::ffff:a.b.c.d`` is matched as ``a.b.c.d``, and
+as the IPv6 address it also is.
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ class AddressPattern:
             return True
         if not self.addresses and not self.ranges:
             return False
-        address = _client_address(ip)
-        if address is None:
-            return False
+        return any(self._trusts(address) for address in _client_addresses(ip))
+
+    def _trusts(self, address: IPAddress) -> bool:
         if address in self.addresses:
             return True
         parts = _parts(address)
@@ -101,10 +102,10 @@ def _error(pattern: str, why: str) -> AddressPatternError:
 
 
 def _address(text: str, pattern: str) -> IPAddress:
-    address = _client_address(text)
-    if address is None or "%" in text or "[" in text:
+    addresses = _client_addresses(text)
+    if not addresses or "%" in text or "[" in text:
         raise _error(pattern, f"{text!r} is not an IPv4 or IPv6 address")
-    return address
+    return addresses[0]
 
 
 def _braced(pattern: str) -> list[IPAddress]:
@@ -192,15 +193,16 @@ def _expand_v6(parts: list[str], count: int, pattern: str) -> list[int]:
     return [int(g, 16) for g in groups]
 
 
-def _client_address(ip: str) -> IPAddress | None:
-    """The socket's peer address, an IPv4-mapped IPv6 one as IPv4, a zone id dropped."""
+def _client_addresses(ip: str) -> tuple[IPAddress, ...]:
+    """The socket's peer address, a zone id dropped; an IPv4-mapped IPv6 one both as IPv4
+    and as itself (none for text that is no address)."""
     try:
         address = ipaddress.ip_address(ip.partition("%")[0].strip("[]"))
     except ValueError:
-        return None
+        return ()
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
+        return address.ipv4_mapped, address
+    return (address,)
 
 
 def _parts(address: IPAddress) -> tuple[int, ...]:

@@ -84,9 +84,12 @@ def test_ipv6_forms() -> None:
     assert not parse_address_pattern("1050::1-ff:*").matches("1050::100:1")
 
 
-def test_ipv4_clients_on_a_dual_stack_socket_match_as_ipv4() -> None:
+def test_ipv4_clients_on_a_dual_stack_socket_match_as_ipv4_and_as_ipv6() -> None:
     assert parse_address_pattern("127.0.0.*").matches("::ffff:127.0.0.1")
     assert parse_address_pattern("127.0.0.1").matches("::ffff:127.0.0.1")
+    # ... and as the IPv6 address it also is (Hypothesis drew this one)
+    assert parse_address_pattern("0:0:0:0:0:ffff-ffff:*:*").matches("::ffff:0:0")
+    assert parse_address_pattern("::ffff:*:*").matches("::ffff:127.0.0.1")
 
 
 def test_a_client_address_that_is_not_an_ip_matches_nothing_but_star() -> None:
