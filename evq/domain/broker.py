@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 log = logs.get_logger(__name__)
 
 _META_READ_BATCH = 256
+_NOT_HOST_BITS = ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)  # encoding derives them from the hosts
 
 
 def tags_code_fn(levels: DelayLevels) -> TagsCodeFn:
@@ -530,11 +531,8 @@ class Broker:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "a batch may not hold delayed or transactional messages")
             stored.append(self._route(m, retry, now))
-        records = self._sent_records(stored, now)
-        results = tuple(self.log.append(records))
-        status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
-                      PutStatus.PUT_OK)
-        return SendResult(status, stored[0].topic, stored[0].queue_id, results)
+        return self._appended(stored[0].topic, stored[0].queue_id,
+                              self._sent_records(stored, now))
 
     def _send_queue(self, topic: str, queue_id: int, default_topic: str,
                     default_topic_queue_nums: int) -> int:
@@ -612,13 +610,19 @@ class Broker:
         born, store = host_bytes(born_host), host_bytes(self.config.store_host)
         records = []
         for m in messages:
-            _check_properties_size(m.properties)
+            props = m.properties.encode()
+            if len(props) > MAX_PROPERTIES_BYTES:
+                raise _properties_too_long()
             sysflag, names = m.sysflag, m.names
-            data = pack_v4(topic_raw, m.properties.encode(), m.body, queue_id, m.flag, 0, 0,
-                           sysflag & ~(sf.BORNHOST_V6 | sf.STOREHOST_V6), born_timestamp, born,
-                           0, store, reconsume_times, 0)
+            data = pack_v4(topic_raw, props, m.body, queue_id, m.flag, 0, 0,
+                           sysflag & _NOT_HOST_BITS, born_timestamp, born, 0, store,
+                           reconsume_times, 0)
             records.append(put_record_of(data, topic, queue_id, sysflag,
                                          code(topic, names, now), index_keys_of(names, sysflag)))
+        return self._appended(topic, queue_id, records)
+
+    def _appended(self, topic: str, queue_id: int, records: list[PutRecord]) -> SendResult:
+        """Append a send's records; the first refusal among them is the send's status."""
         results = tuple(self.log.append(records))
         status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
                       PutStatus.PUT_OK)
@@ -985,8 +989,12 @@ def _check_properties_size(text: str) -> None:
     """What is stored is what counts: routing's additions (CLUSTER, REAL_TOPIC, ...) too."""
     # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
     if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
-        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                          f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+        raise _properties_too_long()
+
+
+def _properties_too_long() -> BrokerError:
+    return BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                       f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
 
 def _is_half(m: Message) -> bool:
