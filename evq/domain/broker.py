@@ -116,7 +116,10 @@ class SendResult:
     @property
     def msg_id(self) -> str:
         """Offset msgIds of every stored message, comma-joined as RocketMQ answers a batch."""
-        return ",".join(a.msg_id for a in self.appended)
+        appended = self.appended
+        if len(appended) == 1:  # a single send: no join
+            return appended[0].msg_id
+        return ",".join([a.msg_id for a in appended])
 
     @property
     def queue_offset(self) -> int:

@@ -110,7 +110,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         result = await replicated(ctx, await durable(ctx, result), wait)
         if result.ok:
             ctx.stats.messages_put += len(result.appended)
-            ctx.stats.bytes_put += sum(a.size for a in result.appended)
+            ctx.stats.bytes_put += sum([a.size for a in result.appended])
         else:
             ctx.stats.puts_refused += 1
         if not result.appended or result.appended[0].physical_offset < 0:
