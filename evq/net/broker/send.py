@@ -75,9 +75,10 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
-        # A single message's body is taken as it is; a batch's is decoded, maybe inflated.
-        work = len(cmd.body) if h.batch else 0
-        entries = await execution.sized(work, entries_of, h, cmd.body)
+        # A single message's body is taken as it is (no work, no coroutine); a batch's is
+        # decoded, maybe inflated.
+        entries = (await execution.sized(len(cmd.body), entries_of, h, cmd.body) if h.batch
+                   else entries_of(h, cmd.body))
         core, born_host = ctx.core, parse_host(conn.peer)
         plain = core.plain_messages(h.topic, born_host, entries)
         put: Callable[[], SendResult]
@@ -107,7 +108,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.topics_changed()
         else:
             result = put()
-        result = await replicated(ctx, await durable(ctx, result), wait)
+        if ctx.durable is not None or ctx.replicated is not None:  # else no coroutine to make
+            result = await replicated(ctx, await durable(ctx, result), wait)
         if result.ok:
             ctx.stats.messages_put += len(result.appended)
             ctx.stats.bytes_put += sum([a.size for a in result.appended])
