@@ -613,7 +613,7 @@ class Broker:
         born, store = host_bytes(born_host), host_bytes(self.config.store_host)
         records = []
         for m in messages:
-            props = m.properties.encode()
+            props = m.properties
             if len(props) > MAX_PROPERTIES_BYTES:
                 raise _properties_too_long()
             sysflag, names = m.sysflag, m.names

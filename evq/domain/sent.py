@@ -48,8 +48,8 @@ class PlainMessage:
     flag: int
     body: bytes
     sysflag: int
-    properties: str
-    """The string as stored: WAIT removed, CLUSTER appended."""
+    properties: bytes
+    """The string as stored (WAIT removed, CLUSTER appended), in UTF-8."""
     names: dict[str, str]
     """The properties as the producer sent them: read for the tags code and index keys."""
     wait: bool
@@ -74,7 +74,7 @@ def plain_message(entry: SentEntry, cluster_entry: str) -> PlainMessage | None:
     """
     flag, body, sysflag, text = entry
     if not text:
-        return PlainMessage(flag, body, sysflag, cluster_entry, {}, True)
+        return PlainMessage(flag, body, sysflag, cluster_entry.encode(), {}, True)
     if text[-1] != PROPERTY_SEPARATOR:
         text += PROPERTY_SEPARATOR  # as Java sends it
     pieces = text[:-1].split(PROPERTY_SEPARATOR)
@@ -93,7 +93,11 @@ def plain_message(entry: SentEntry, cluster_entry: str) -> PlainMessage | None:
             text = text[len(entry_text):]
         else:
             text = text.replace(PROPERTY_SEPARATOR + entry_text, PROPERTY_SEPARATOR, 1)
-    return PlainMessage(flag, body, sysflag, text + cluster_entry, names, waits_for_store(names))
+    try:
+        stored = (text + cluster_entry).encode()
+    except UnicodeEncodeError:
+        return None  # a lone surrogate (JSON headers may escape one): the general path refuses
+    return PlainMessage(flag, body, sysflag, stored, names, waits_for_store(names))
 
 
 def sent_messages(

@@ -87,9 +87,9 @@ def property_texts(draw: st.DrawFn) -> str:
         return text[:-1]
     if kind == "joined":
         return text + encode_properties(draw(property_maps))
-    if kind == "stray":
-        return draw(st.lists(property_names | _SEPARATORS | _SYSTEM_VALUES, max_size=8)
-                    .map("".join))
+    if kind == "stray":  # a lone surrogate too: a JSON header may escape one
+        return draw(st.lists(property_names | _SEPARATORS | _SYSTEM_VALUES | st.just("\ud800"),
+                             max_size=8).map("".join))
     return text
 
 
@@ -106,8 +106,9 @@ def _must_fall_back(send_topic: str, born: Host, texts: list[str]) -> bool:
         sent = text if not text or text.endswith(PROPERTY_SEPARATOR) else text + PROPERTY_SEPARATOR
         props = decode_properties(sent)
         try:
+            sent.encode()
             canonical = encode_properties(props) == sent
-        except PropertyError:
+        except (PropertyError, UnicodeEncodeError):
             canonical = False
         if not canonical or not ROUTED.isdisjoint(props):
             return True
@@ -245,4 +246,11 @@ def test_wait_is_dropped_and_cluster_appended_in_place() -> None:
     sent = f"A\x011\x02{Prop.WAIT}\x01false\x02B\x012"  # Java: no trailing separator
     m = plain_message((0, b"", 0, sent), cluster)
     assert m is not None
-    assert (m.properties, m.wait) == ("A\x011\x02B\x012\x02CLUSTER\x01C\x02", False)
+    assert (m.properties, m.wait) == (b"A\x011\x02B\x012\x02CLUSTER\x01C\x02", False)
+
+
+def test_a_lone_surrogate_takes_the_message_path() -> None:
+    """A JSON header may escape one; the general path refuses it as unencodable."""
+    cluster = cluster_property("C")
+    assert cluster is not None
+    assert plain_message((0, b"", 0, "A\x01\ud800\x02"), cluster) is None
