@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
-from evq.domain.broker import SendResult
+from evq.domain.broker import Broker, SendResult
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
-from evq.domain.message import COMPRESS_OVER, waits_for_store
+from evq.domain.message import COMPRESS_OVER, Host, Message, waits_for_store
 from evq.domain.record import RecordError, split_batch
-from evq.domain.sent import SentEntry, sent_messages
+from evq.domain.sent import PlainMessage, SentEntry, sent_messages
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
@@ -27,9 +27,21 @@ MAX_INFLATED_BATCH: Final = MAX_FRAME
 1 MiB zlib bomb once asked for 2 GiB."""
 
 
+def messages_of(core: Broker, h: SendHeader, body: bytes, born_host: Host
+                ) -> list[PlainMessage] | list[Message]:
+    """The request's messages for :meth:`Broker.put_plain` when it takes them all, else for
+    :meth:`Broker.put`.  Work in proportion to a batch's entries, so this runs off the loop
+    for large bodies (see :func:`evq.net.execution.sized`)."""
+    entries = entries_of(h, body)
+    plain = core.plain_messages(h.topic, born_host, entries)
+    if plain is not None:
+        return plain
+    return sent_messages(h.topic, entries, queue_id=h.queue_id, born_timestamp=h.born_timestamp,
+                         born_host=born_host, reconsume_times=h.reconsume_times)
+
+
 def entries_of(h: SendHeader, body: bytes) -> list[SentEntry]:
-    """The request's messages as sent; a batch is decoded (and inflated) here, so this runs
-    off the loop for large bodies (see :func:`evq.net.execution.sized`)."""
+    """The request's messages as sent; a batch is decoded (and inflated) here."""
     sysflag = h.sys_flag
     if not h.batch:
         return [(h.flag, body, sysflag, h.properties)]
@@ -75,14 +87,14 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
+        core, born_host = ctx.core, parse_host(conn.peer)
         # A single message's body is taken as it is (no work, no coroutine); a batch's is
         # decoded, maybe inflated.
-        entries = (await execution.sized(len(cmd.body), entries_of, h, cmd.body) if h.batch
-                   else entries_of(h, cmd.body))
-        core, born_host = ctx.core, parse_host(conn.peer)
-        plain = core.plain_messages(h.topic, born_host, entries)
+        sent = (await execution.sized(len(cmd.body), messages_of, core, h, cmd.body, born_host)
+                if h.batch else messages_of(core, h, cmd.body, born_host))
         put: Callable[[], SendResult]
-        if plain is not None:  # the common case: nothing to route, no Message built
+        if isinstance(sent[0], PlainMessage):  # the common case: nothing to route
+            plain = cast("list[PlainMessage]", sent)
             wait = any([m.wait for m in plain])
 
             def put() -> SendResult:
@@ -92,9 +104,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
                                       default_topic=h.default_topic,
                                       default_topic_queue_nums=h.default_topic_queue_nums)
         else:
-            messages = sent_messages(h.topic, entries, queue_id=h.queue_id,
-                                     born_timestamp=h.born_timestamp, born_host=born_host,
-                                     reconsume_times=h.reconsume_times)
+            messages = cast("list[Message]", sent)
             # Read before the broker routes (and strips) WAIT.
             wait = any([waits_for_store(m.properties) for m in messages])
 
