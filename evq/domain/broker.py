@@ -32,10 +32,13 @@ from evq.domain.locks import RebalanceLockManager
 from evq.domain.log import AppendResult, GetStatus, MessageLog, PutStatus
 from evq.domain.message import (
     MAX_PROPERTIES_BYTES,
+    Host,
     Message,
     Prop,
     decode_properties,
     encode_properties,
+    host_bytes,
+    is_ipv6,
 )
 from evq.domain.metadata import (
     OFFSETS_RECORD_BODY,
@@ -59,9 +62,13 @@ from evq.domain.record import (
     TagsCodeFn,
     decode,
     encoded_record,
+    index_keys_of,
+    pack_v4,
     put_record,
+    put_record_of,
     read_fields,
 )
+from evq.domain.sent import PlainMessage, SentEntry, cluster_property, plain_message
 
 if TYPE_CHECKING:
     from evq.domain.filters import Subscription
@@ -69,6 +76,7 @@ if TYPE_CHECKING:
 log = logs.get_logger(__name__)
 
 _META_READ_BATCH = 256
+_NOT_HOST_BITS = ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)  # encoding derives them from the hosts
 
 
 def tags_code_fn(levels: DelayLevels) -> TagsCodeFn:
@@ -108,7 +116,10 @@ class SendResult:
     @property
     def msg_id(self) -> str:
         """Offset msgIds of every stored message, comma-joined as RocketMQ answers a batch."""
-        return ",".join(a.msg_id for a in self.appended)
+        appended = self.appended
+        if len(appended) == 1:  # a single send: no join
+            return appended[0].msg_id
+        return ",".join([a.msg_id for a in appended])
 
     @property
     def queue_offset(self) -> int:
@@ -172,6 +183,9 @@ class Broker:
         self.clock = clock
         self.delay_levels = DelayLevels.parse(self.config.message_delay_level)
         self._code = tags_code_fn(self.delay_levels)
+        # The plain put path's CLUSTER entry; None turns that path off (see plain_messages).
+        self._cluster_entry = (None if is_ipv6(self.config.store_host)
+                               else cluster_property(self.config.broker_cluster_name))
         self._meta = metadata
         self._lock = threading.RLock()
         self._state = MetadataState()
@@ -502,20 +516,8 @@ class Broker:
         if not messages:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "nothing to send")
         first = messages[0]
-        self._check_writable()
-        tp.check_send_allowed(first.topic)
-        config = self._topic_for_send(first.topic, default_topic, default_topic_queue_nums)
-        if not config.writable:
-            raise BrokerError(ResponseCode.NO_PERMISSION,
-                              f"the topic[{first.topic}] sending message is forbidden")
-        queue_id = first.queue_id
-        if queue_id < 0:
-            # random() scaled: a third of randrange's cost, and any bias is far below 2**-40
-            queue_id = int(random.random() * max(1, config.write_queue_nums))
-        if queue_id >= config.queue_count:
-            raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                              f"request queueId[{queue_id}] is illegal, {config} "
-                              f"Producer: {self.config.store_host}")
+        queue_id = self._send_queue(first.topic, first.queue_id, default_topic,
+                                    default_topic_queue_nums)
         batch = len(messages) > 1
         retry = self._retry_limit(first.topic, max_reconsume_times)
         now = self.clock.now_ms()
@@ -524,7 +526,7 @@ class Broker:
             if m.topic != first.topic:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "every message of a batch must have the same topic")
-            self._check_body_size(m)
+            self._check_body_size(len(m.body))
             m.queue_id = queue_id
             props = m.properties
             if batch and ((Prop.DELAY in props and props[Prop.DELAY] not in ("", "0"))
@@ -532,11 +534,28 @@ class Broker:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "a batch may not hold delayed or transactional messages")
             stored.append(self._route(m, retry, now))
-        records = self._sent_records(stored, now)
-        results = tuple(self.log.append(records))
-        status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
-                      PutStatus.PUT_OK)
-        return SendResult(status, stored[0].topic, stored[0].queue_id, results)
+        return self._appended(stored[0].topic, stored[0].queue_id,
+                              self._sent_records(stored, now))
+
+    def _send_queue(self, topic: str, queue_id: int, default_topic: str,
+                    default_topic_queue_nums: int) -> int:
+        """The checks every send passes before its messages are looked at (the broker takes
+        writes, the topic may be sent to, exists or is created, is writable), and the queue
+        it goes to: ``queue_id``, or a random one when that is negative."""
+        self._check_writable()
+        tp.check_send_allowed(topic)
+        config = self._topic_for_send(topic, default_topic, default_topic_queue_nums)
+        if not config.writable:
+            raise BrokerError(ResponseCode.NO_PERMISSION,
+                              f"the topic[{topic}] sending message is forbidden")
+        if queue_id < 0:
+            # random() scaled: a third of randrange's cost, and any bias is far below 2**-40
+            queue_id = int(random.random() * max(1, config.write_queue_nums))
+        if queue_id >= config.queue_count:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"request queueId[{queue_id}] is illegal, {config} "
+                              f"Producer: {self.config.store_host}")
+        return queue_id
 
     def _sent_records(self, stored: Sequence[Message], now: int) -> list[PutRecord]:
         """The records of routed sent messages, each properties string joined once: measured
@@ -547,12 +566,70 @@ class Broker:
         for m in stored:
             m.store_host = host
             text = encode_properties(m.properties)
-            # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
-            if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                                  f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+            _check_properties_size(text)
             records.append(encoded_record(m, text, code(m.topic, m.properties, now)))
         return records
+
+    def plain_messages(self, topic: str, born_host: Host, entries: Iterable[SentEntry]
+                       ) -> list[PlainMessage] | None:
+        """A send's entries for :meth:`put_plain`, or None when any of them (or the send as
+        a whole) needs :meth:`put`: a retry topic (its messages may go to the DLQ), an IPv6
+        host, a cluster name the properties string cannot carry, or a message
+        :func:`~evq.domain.sent.plain_message` refuses.  Decides before anything is stored or
+        created, so the caller can still take the other path."""
+        cluster_entry = self._cluster_entry
+        if cluster_entry is None or topic.startswith(tp.RETRY_PREFIX) or is_ipv6(born_host):
+            return None
+        plain = []
+        for entry in entries:
+            m = plain_message(entry, cluster_entry)
+            if m is None:
+                return None
+            plain.append(m)
+        return plain
+
+    def put_plain(
+        self,
+        topic: str,
+        messages: Sequence[PlainMessage],
+        *,
+        queue_id: int,
+        born_timestamp: int,
+        born_host: Host,
+        reconsume_times: int = 0,
+        default_topic: str = tp.AUTO_CREATE_TOPIC,
+        default_topic_queue_nums: int = 4,
+    ) -> SendResult:
+        """:meth:`put` for messages :meth:`plain_messages` took: the same checks, in the same
+        order, and the same records, encoded straight from the request's fields.  Header
+        values are the protocol's (Java ints and longs)."""
+        if not messages:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "nothing to send")
+        queue_id = self._send_queue(topic, queue_id, default_topic, default_topic_queue_nums)
+        for m in messages:
+            self._check_body_size(len(m.body))
+        now = self.clock.now_ms()
+        code, topic_raw = self._code, topic.encode()
+        born, store = host_bytes(born_host), host_bytes(self.config.store_host)
+        records = []
+        for m in messages:
+            props = m.properties
+            if len(props) > MAX_PROPERTIES_BYTES:
+                raise _properties_too_long()
+            sysflag, names = m.sysflag, m.names
+            data = pack_v4(topic_raw, props, m.body, queue_id, m.flag, 0, 0,
+                           sysflag & _NOT_HOST_BITS, born_timestamp, born, 0, store,
+                           reconsume_times, 0)
+            records.append(put_record_of(data, topic, queue_id, sysflag,
+                                         code(topic, names, now), index_keys_of(names, sysflag)))
+        return self._appended(topic, queue_id, records)
+
+    def _appended(self, topic: str, queue_id: int, records: list[PutRecord]) -> SendResult:
+        """Append a send's records; the first refusal among them is the send's status."""
+        results = tuple(self.log.append(records))
+        status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
+                      PutStatus.PUT_OK)
+        return SendResult(status, topic, queue_id, results)
 
     def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
         """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""
@@ -580,10 +657,10 @@ class Broker:
             raise BrokerError(ResponseCode.NO_PERMISSION,
                               f"the broker[{self.config.broker_name}] sending message is forbidden")
 
-    def _check_body_size(self, m: Message) -> None:
-        if len(m.body) > self.config.max_message_size:
+    def _check_body_size(self, size: int) -> None:
+        if size > self.config.max_message_size:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"message body size {len(m.body)} exceeds the maximum "
+                              f"message body size {size} exceeds the maximum "
                               f"{self.config.max_message_size}")
 
     def route(self, m: Message, max_reconsume_times: int | None = None) -> Message:
@@ -909,6 +986,18 @@ class Broker:
             except BrokerError as exc:  # a full disk: consumers commit them again
                 log.warning("offsets_not_snapshot_at_close", reason=exc.remark)
         self._meta.close()
+
+
+def _check_properties_size(text: str) -> None:
+    """What is stored is what counts: routing's additions (CLUSTER, REAL_TOPIC, ...) too."""
+    # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
+    if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
+        raise _properties_too_long()
+
+
+def _properties_too_long() -> BrokerError:
+    return BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                       f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
 
 def _is_half(m: Message) -> bool:

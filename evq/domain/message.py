@@ -97,6 +97,12 @@ def split_keys(keys: str | None) -> list[str]:
     return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
 
 
+def waits_for_store(props: Mapping[str, str]) -> bool:
+    """RocketMQ's ``isWaitStoreMsgOK``: unless a producer set ``WAIT=false``, it wants its
+    answer only once a SYNC_MASTER's slave holds the message."""
+    return props.get(Prop.WAIT, "true").lower() != "false"
+
+
 @lru_cache(maxsize=1024)
 def host_bytes(host: Host) -> bytes:
     """Address bytes plus a 4-byte big-endian port, as the record and msgIds store a host."""

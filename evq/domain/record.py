@@ -388,11 +388,16 @@ def encoded_record(m: Message, properties: str, tags_code: int) -> PutRecord:
     """:func:`put_record` given ``m``'s properties string and its tags code: the broker's put
     path has the one already (it checks its size) and works the other out for a batch at a
     time."""
-    topic, sysflag = m.topic, m.sysflag
-    keys = index_keys_of(m.properties, sysflag)
+    return put_record_of(encode(m, properties), m.topic, m.queue_id, m.sysflag, tags_code,
+                         index_keys_of(m.properties, m.sysflag))
+
+
+def put_record_of(data: bytes, topic: str, queue_id: int, sysflag: int, tags_code: int,
+                  keys: tuple[str, ...]) -> PutRecord:
+    """The :class:`PutRecord` of an encoded record, its index keys hashed here."""
     # Positional: the class's __init__ is generated, and keywords cost it more than the
     # encoding of a small record.
-    return PutRecord(encode(m, properties), topic, m.queue_id, sysflag, tags_code, keys,
+    return PutRecord(data, topic, queue_id, sysflag, tags_code, keys,
                      tuple([index_key_hash(topic, k) for k in keys]) if keys else ())
 
 
@@ -428,9 +433,11 @@ def encode_batch(messages: Iterable[Message]) -> bytes:
     return bytes(out)
 
 
-def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
-    """Split a batch body; malformed input raises :class:`RecordError`."""
-    entries: list[BatchEntry] = []
+def split_batch(body: bytes | memoryview) -> list[tuple[int, bytes, str]]:
+    """A batch body's entries as ``(flag, body, properties string)``, the string as sent
+    (the broker's put path reads it without decoding it); malformed input raises
+    :class:`RecordError`."""
+    entries: list[tuple[int, bytes, str]] = []
     pos, end = 0, len(body)
     while pos < end:
         if pos + 22 > end:
@@ -444,12 +451,17 @@ def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
             raise RecordError(f"bad batch properties length at {pos}")
         p = pos + 22 + blen
         try:
-            props = decode_properties(bytes(body[p : p + plen]).decode())
+            props = bytes(body[p : p + plen]).decode()
         except UnicodeDecodeError as exc:
             raise RecordError(f"undecodable batch properties at {pos}: {exc}") from None
-        entries.append(BatchEntry(flag, b, props))
+        entries.append((flag, b, props))
         pos += size
     return entries
+
+
+def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
+    """Split a batch body, properties decoded; malformed input raises :class:`RecordError`."""
+    return [BatchEntry(flag, b, decode_properties(props)) for flag, b, props in split_batch(body)]
 
 
 __all__ = [
@@ -470,5 +482,7 @@ __all__ = [
     "offset_msg_id",
     "parse_offset_msg_id",
     "put_record",
+    "put_record_of",
     "read_fields",
+    "split_batch",
 ]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import zlib
-from typing import Final
+from collections.abc import Callable
+from typing import Final, cast
 
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
-from evq.domain.broker import SendResult
+from evq.domain.broker import Broker, SendResult
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
-from evq.domain.message import COMPRESS_OVER, Message, Prop, decode_properties
-from evq.domain.record import RecordError, decode_batch
+from evq.domain.message import COMPRESS_OVER, Host, Message, waits_for_store
+from evq.domain.record import RecordError, split_batch
+from evq.domain.sent import PlainMessage, SentEntry, sent_messages
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
@@ -25,33 +27,39 @@ MAX_INFLATED_BATCH: Final = MAX_FRAME
 1 MiB zlib bomb once asked for 2 GiB."""
 
 
-def messages_of(conn: Connection, h: SendHeader, body: bytes) -> list[Message]:
-    """The request's messages; a batch is decoded (and inflated) here, so this runs off the
-    loop for large bodies (see :func:`evq.net.execution.sized`)."""
-    topic, queue_id, sysflag, born_ts = h.topic, h.queue_id, h.sys_flag, h.born_timestamp
-    reconsume = h.reconsume_times
-    born_host = parse_host(conn.peer)
-    if h.batch:
-        if len(topic) > tp.MAX_TOPIC_LENGTH:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
-        try:
-            if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
-                body = inflate(body, MAX_INFLATED_BATCH)
-            entries = decode_batch(body)
-        except (RecordError, InflateError) as exc:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
-        if not entries:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
-        # Each stored record carries its own compression flag, as a single send would.
-        return [Message(topic=topic, body=zlib.compress(e.body, 5) if big else e.body,
-                        flag=e.flag, properties=e.properties, queue_id=queue_id,
-                        sysflag=(sysflag & ~sf.COMPRESSED) | (sf.COMPRESSED if big else 0),
-                        born_timestamp=born_ts, born_host=born_host, reconsume_times=reconsume)
-                for e in entries for big in (len(e.body) >= COMPRESS_OVER,)]
-    return [Message(topic=topic, body=body, flag=h.flag,
-                    properties=decode_properties(h.properties), queue_id=queue_id,
-                    sysflag=sysflag, born_timestamp=born_ts, born_host=born_host,
-                    reconsume_times=reconsume)]
+def messages_of(core: Broker, h: SendHeader, body: bytes, born_host: Host
+                ) -> list[PlainMessage] | list[Message]:
+    """The request's messages for :meth:`Broker.put_plain` when it takes them all, else for
+    :meth:`Broker.put`.  Work in proportion to a batch's entries, so this runs off the loop
+    for large bodies (see :func:`evq.net.execution.sized`)."""
+    entries = entries_of(h, body)
+    plain = core.plain_messages(h.topic, born_host, entries)
+    if plain is not None:
+        return plain
+    return sent_messages(h.topic, entries, queue_id=h.queue_id, born_timestamp=h.born_timestamp,
+                         born_host=born_host, reconsume_times=h.reconsume_times)
+
+
+def entries_of(h: SendHeader, body: bytes) -> list[SentEntry]:
+    """The request's messages as sent; a batch is decoded (and inflated) here."""
+    sysflag = h.sys_flag
+    if not h.batch:
+        return [(h.flag, body, sysflag, h.properties)]
+    if len(h.topic) > tp.MAX_TOPIC_LENGTH:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
+    try:
+        if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
+            body = inflate(body, MAX_INFLATED_BATCH)
+        entries = split_batch(body)
+    except (RecordError, InflateError) as exc:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
+    if not entries:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
+    # Each stored record carries its own compression flag, as a single send would.
+    plain = sysflag & ~sf.COMPRESSED
+    return [(flag, zlib.compress(b, 5), plain | sf.COMPRESSED, props)
+            if len(b) >= COMPRESS_OVER else (flag, b, plain, props)
+            for flag, b, props in entries]
 
 
 async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
@@ -63,12 +71,6 @@ async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
         return result
     return SendResult(PutStatus.FLUSH_DISK_TIMEOUT, result.topic, result.queue_id,
                       result.appended)
-
-
-def waits_for_store(messages: list[Message]) -> bool:
-    """RocketMQ's ``isWaitStoreMsgOK``: a producer that set ``WAIT=false`` on every message
-    wants its answer before the slave has them."""
-    return any(m.properties.get(Prop.WAIT, "true").lower() != "false" for m in messages)
 
 
 async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) -> SendResult:
@@ -85,25 +87,42 @@ async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
-        # A single message's body is taken as it is; a batch's is decoded, maybe inflated.
-        work = len(cmd.body) if h.batch else 0
-        messages = await execution.sized(work, messages_of, conn, h, cmd.body)
-        wait = waits_for_store(messages)  # read before the broker routes (and strips) WAIT
+        core, born_host = ctx.core, parse_host(conn.peer)
+        # A single message's body is taken as it is (no work, no coroutine); a batch's is
+        # decoded, maybe inflated.
+        sent = (await execution.sized(len(cmd.body), messages_of, core, h, cmd.body, born_host)
+                if h.batch else messages_of(core, h, cmd.body, born_host))
+        put: Callable[[], SendResult]
+        if isinstance(sent[0], PlainMessage):  # the common case: nothing to route
+            plain = cast("list[PlainMessage]", sent)
+            wait = any([m.wait for m in plain])
 
-        def put() -> SendResult:
-            return ctx.core.put(messages, default_topic=h.default_topic,
+            def put() -> SendResult:
+                return core.put_plain(h.topic, plain, queue_id=h.queue_id,
+                                      born_timestamp=h.born_timestamp, born_host=born_host,
+                                      reconsume_times=h.reconsume_times,
+                                      default_topic=h.default_topic,
+                                      default_topic_queue_nums=h.default_topic_queue_nums)
+        else:
+            messages = cast("list[Message]", sent)
+            # Read before the broker routes (and strips) WAIT.
+            wait = any([waits_for_store(m.properties) for m in messages])
+
+            def put() -> SendResult:
+                return core.put(messages, default_topic=h.default_topic,
                                 default_topic_queue_nums=h.default_topic_queue_nums,
                                 max_reconsume_times=h.max_reconsume_times)
 
-        if ctx.core.put_writes_metadata(messages[0].topic):  # creating a topic or group
+        if core.put_writes_metadata(h.topic):  # creating a topic or group
             result = await ctx.blocking(put)  # waits on disk: keep it off the loop
             ctx.topics_changed()
         else:
             result = put()
-        result = await replicated(ctx, await durable(ctx, result), wait)
+        if ctx.durable is not None or ctx.replicated is not None:  # else no coroutine to make
+            result = await replicated(ctx, await durable(ctx, result), wait)
         if result.ok:
             ctx.stats.messages_put += len(result.appended)
-            ctx.stats.bytes_put += sum(a.size for a in result.appended)
+            ctx.stats.bytes_put += sum([a.size for a in result.appended])
         else:
             ctx.stats.puts_refused += 1
         if not result.appended or result.appended[0].physical_offset < 0:
