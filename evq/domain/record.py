@@ -39,10 +39,12 @@ Batch bodies sent by producers (``batch=true``) use a shorter inner form, one pe
 from __future__ import annotations
 
 import ipaddress
+import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
+from types import ModuleType
 
 import attrs
 
@@ -311,10 +313,18 @@ def iter_records(
     """Decode back-to-back records, as a pull response body or query answer carries them."""
     pos = 0
     while pos < len(buf):
-        m = decode(buf, pos, check_crc=check_crc)
+        m = PURE.decode(buf, pos, check_crc=check_crc)
         yield m
         (size,) = INT32.unpack_from(buf, pos)
         pos += size
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> list[Message]:
+    """``list(iter_records(buf))``: what a pull answer becomes (the compiled twin skips the
+    generator)."""
+    return list(PURE.iter_records(buf, check_crc=check_crc))
 
 
 def encode_blank(size: int) -> bytes:
@@ -452,6 +462,51 @@ def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
     return entries
 
 
+# --- compiled kernels ----------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Codec:
+    """One implementation of the codec's hot functions: the pure-Python ones above (the
+    reference) or their compiled twins in evq/domain/record_kernels.pyx."""
+
+    decode: Callable[..., Message]
+    iter_records: Callable[..., Iterator[Message]]
+    decode_records: Callable[..., list[Message]]
+    decode_batch: Callable[[bytes | memoryview], list[BatchEntry]]
+    pack_v4: Callable[..., bytes]
+
+
+PURE = Codec(decode, iter_records, decode_records, decode_batch, pack_v4)
+PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
+"""Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
+
+
+def _compiled_kernels() -> ModuleType | None:
+    """The compiled kernels, bound to this module's classes; None where they were not built
+    (no C compiler at install time) or :data:`PURE_PYTHON_VARIABLE` asks for pure Python."""
+    if os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0"):
+        return None
+    try:
+        from evq.domain import record_kernels
+    except ImportError:
+        return None
+    record_kernels.bind(record_error=RecordError, message=Message, batch_entry=BatchEntry,
+                        host_text=_ip_text, struct_error_type=struct.error)
+    return record_kernels
+
+
+_kernels = _compiled_kernels()
+COMPILED = None if _kernels is None else Codec(
+    _kernels.decode, _kernels.iter_records, _kernels.decode_records, _kernels.decode_batch,
+    _kernels.pack_v4)
+"""The compiled codec, or None where it is not built or not wanted."""
+CODEC = COMPILED or PURE
+"""The codec this process runs; the module's names below are its functions."""
+decode, iter_records, decode_records, decode_batch, pack_v4 = (
+    CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.decode_batch, CODEC.pack_v4)
+
+
 __all__ = [
     "BLANK_MAGIC",
     "MAGIC_V1",
@@ -463,6 +518,7 @@ __all__ = [
     "body_crc",
     "decode",
     "decode_batch",
+    "decode_records",
     "encode",
     "encode_batch",
     "encoded_record",
