@@ -13,8 +13,9 @@ except ImportError:  # a build without Cython (pyproject's build requires bring 
     extensions = []
 else:
     extensions = cythonize(
-        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"],
-                   optional=True)],
+        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"])],
         compiler_directives={"language_level": "3"}, quiet=True)
+    for extension in extensions:
+        extension.optional = True  # set after cythonize, which drops the flag
 
 setup(ext_modules=extensions)
