@@ -22,7 +22,7 @@ from libc.stdint cimport (
     uint64_t,
 )
 from libc.stdio cimport snprintf
-from libc.string cimport memchr, memcpy, memset
+from libc.string cimport memchr, memcmp, memcpy, memset
 
 cdef extern from "Python.h":
     ctypedef int (*descrsetfunc)(PyObject*, PyObject*, PyObject*) except -1
@@ -54,6 +54,9 @@ cdef type Message = None
 cdef list message_slots = []  # Message's slot descriptors in its field order
 cdef list batch_entry_slots = []
 cdef dict v4_hosts = {}  # the 8 stored bytes as an int -> (ip, port)
+cdef enum:
+    TEXT_SLOTS = 17  # the topic, then the names of a record's first 16 properties
+cdef list recent_texts = [(b"", "")] * TEXT_SLOTS  # (stored bytes, str), each replaced whole
 
 
 def bind(*, record_error, message, batch_entry, host_text, struct_error_type) -> None:
@@ -160,6 +163,7 @@ cdef dict properties_of(const uint8_t* p, Py_ssize_t n):
     cdef const uint8_t* end = p + n
     cdef const uint8_t* piece_end
     cdef const uint8_t* sep
+    cdef Py_ssize_t slot = 1
     while True:
         piece_end = <const uint8_t*>memchr(p, 2, end - p)
         if piece_end == NULL:
@@ -170,10 +174,28 @@ cdef dict properties_of(const uint8_t* p, Py_ssize_t n):
         elif sep == p:
             utf8(sep + 1, piece_end - sep - 1)
         else:
-            PyDict_SetItem(props, utf8(p, sep - p), utf8(sep + 1, piece_end - sep - 1))
+            PyDict_SetItem(props, recalled(p, sep - p, slot),
+                           utf8(sep + 1, piece_end - sep - 1))
+            slot += 1
         if piece_end == end:
             return props
         p = piece_end + 1
+
+
+cdef object recalled(const uint8_t* p, Py_ssize_t n, Py_ssize_t slot):
+    """The text of the ``n`` bytes at ``p``, which come in the records at position ``slot``
+    (0 the topic, 1.. the property names in order): the previous record's str object when
+    the bytes repeat, as they do through a pull answer or a batch, so that the decoding and
+    the hash (a dict key, a set member) are done once."""
+    if slot >= TEXT_SLOTS:
+        return utf8(p, n)
+    cdef tuple cached = <tuple>recent_texts[slot]
+    cdef bytes raw = <bytes>cached[0]
+    if len(raw) == n and memcmp(PyBytes_AS_STRING(raw), p, n) == 0:
+        return cached[1]
+    text = utf8(p, n)
+    recent_texts[slot] = (PyBytes_FromStringAndSize(<const char*>p, n), text)
+    return text
 
 
 cdef object host_at(const uint8_t* p, bint v6):
@@ -236,7 +258,7 @@ cdef object message_at(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, bint 
     if plen < 0 or p + tlen + 2 + plen != rec_end:
         raise RecordError("record fields do not add up to its total size")
     try:
-        topic = utf8(buf + p, tlen)
+        topic = recalled(buf + p, tlen, 0)
         properties = properties_of(buf + p + tlen + 2, plen)
     except UnicodeDecodeError as exc:
         raise RecordError(f"undecodable topic or properties: {exc}") from None

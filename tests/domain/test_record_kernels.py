@@ -192,6 +192,26 @@ def test_iter_records_matches(ms: list[Message], tail: bytes,
             assert outcome(COMPILED.decode_records, case) == ("raised", error)
 
 
+repeating_messages = st.builds(
+    Message, topic=st.sampled_from(["T", "U", "é", "ü", "TT"]), body=st.binary(max_size=4),
+    properties=st.dictionaries(st.sampled_from(["a", "b", "ä", "ö", "TAGS", "KEYS"]),
+                               st.sampled_from(["", "x", "é"]), max_size=4))
+
+
+@needs_compiled
+@given(st.lists(repeating_messages, max_size=8), st.lists(repeating_messages, max_size=3))
+def test_texts_recalled_from_earlier_records_are_the_right_ones(
+    ms: list[Message], batch: list[Message]
+) -> None:
+    """The kernels reuse the previous record's topic and property names when the bytes repeat;
+    records whose texts repeat, change, or differ only in their bytes (``é``, ``ü``) decode
+    as the pure codec decodes them."""
+    buf = b"".join(encode(m) for m in ms)
+    assert COMPILED.decode_records(buf) == PURE.decode_records(buf) == ms
+    raw = encode_batch(batch)
+    assert outcome(COMPILED.decode_batch, raw) == outcome(PURE.decode_batch, raw)
+
+
 # --- decode_batch ---------------------------------------------------------------------------
 
 batch_messages = st.builds(Message, topic=st.just("T"), body=st.binary(max_size=128), flag=int32s,
