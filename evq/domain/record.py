@@ -475,9 +475,10 @@ class Codec:
     decode_records: Callable[..., list[Message]]
     decode_batch: Callable[[bytes | memoryview], list[BatchEntry]]
     pack_v4: Callable[..., bytes]
+    read_fields: Callable[..., Fields]
 
 
-PURE = Codec(decode, iter_records, decode_records, decode_batch, pack_v4)
+PURE = Codec(decode, iter_records, decode_records, decode_batch, pack_v4, read_fields)
 PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
 """Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
 
@@ -492,19 +493,20 @@ def _compiled_kernels() -> ModuleType | None:
     except ImportError:
         return None
     record_kernels.bind(record_error=RecordError, message=Message, batch_entry=BatchEntry,
-                        host_text=_ip_text, struct_error_type=struct.error)
+                        fields=Fields, host_text=_ip_text, struct_error_type=struct.error)
     return record_kernels
 
 
 _kernels = _compiled_kernels()
 COMPILED = None if _kernels is None else Codec(
     _kernels.decode, _kernels.iter_records, _kernels.decode_records, _kernels.decode_batch,
-    _kernels.pack_v4)
+    _kernels.pack_v4, _kernels.read_fields)
 """The compiled codec, or None where it is not built or not wanted."""
 CODEC = COMPILED or PURE
 """The codec this process runs; the module's names below are its functions."""
-decode, iter_records, decode_records, decode_batch, pack_v4 = (
-    CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.decode_batch, CODEC.pack_v4)
+decode, iter_records, decode_records, decode_batch, pack_v4, read_fields = (
+    CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.decode_batch, CODEC.pack_v4,
+    CODEC.read_fields)
 
 
 __all__ = [

@@ -14,6 +14,7 @@ on, once, when evq.domain.record loads it (so there is no import cycle to get wr
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_CheckExact
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -30,6 +31,7 @@ cdef extern from "Python.h":
         descrsetfunc tp_descr_set
     TypeSlots* type_of "Py_TYPE"(object)
     object PyNumber_Index(object)
+    enum: PyBUF_READ
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyLong_CheckExact(object)
 
@@ -53,15 +55,17 @@ cdef object struct_error = None
 cdef type Message = None
 cdef list message_slots = []  # Message's slot descriptors in its field order
 cdef list batch_entry_slots = []
+cdef type Fields = None
+cdef list fields_slots = []
 cdef dict v4_hosts = {}  # the 8 stored bytes as an int -> (ip, port)
 cdef enum:
     TEXT_SLOTS = 17  # the topic, then the names of a record's first 16 properties
 cdef list recent_texts = [(b"", "")] * TEXT_SLOTS  # (stored bytes, str), each replaced whole
 
 
-def bind(*, record_error, message, batch_entry, host_text, struct_error_type) -> None:
+def bind(*, record_error, message, batch_entry, fields, host_text, struct_error_type) -> None:
     """Hand the kernels the classes they build and raise (called once by evq.domain.record)."""
-    global RecordError, BatchEntry, ip_text, crc32, struct_error, Message
+    global RecordError, BatchEntry, ip_text, crc32, struct_error, Message, Fields
     import zlib
     RecordError, BatchEntry, ip_text, crc32 = record_error, batch_entry, host_text, zlib.crc32
     struct_error, Message = struct_error_type, message
@@ -70,6 +74,10 @@ def bind(*, record_error, message, batch_entry, host_text, struct_error_type) ->
         "born_host", "store_timestamp", "store_host", "reconsume_times",
         "prepared_transaction_offset", "queue_offset", "commit_log_offset", "body_crc"))
     batch_entry_slots[:] = _slots(batch_entry, ("flag", "body", "properties"))
+    Fields = fields
+    fields_slots[:] = _slots(fields, (
+        "size", "queue_id", "queue_offset", "physical_offset", "sysflag", "store_timestamp",
+        "topic", "properties", "crc_ok"))
 
 
 cdef list _slots(type cls, tuple names):
@@ -219,12 +227,18 @@ cdef object host_at(const uint8_t* p, bint v6):
     return host
 
 
-cdef object message_at(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, bint check_crc):
-    """The record at ``pos`` as a Message: evq.domain.record._scan and decode in one pass,
-    with the same checks in the same order."""
+cdef struct Layout:
+    # Where a record's variable-width fields are, as evq.domain.record._scan finds them.
+    Py_ssize_t pos, size, born_at, store_at, after, body_at, topic_at, props_at
+    int32_t flags, blen, tlen, plen
+
+
+cdef int scan(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, Layout* at) except -1:
+    """The layout of the record at ``pos``: evq.domain.record._scan's checks, in its order,
+    raising its errors (decoding the texts is the caller's)."""
     cdef const uint8_t* r = buf + pos
-    cdef int32_t size, magic, crc, flags, blen, reconsume, tlen, plen
-    cdef Py_ssize_t rec_end, born_at, store_at, after, body_at, p, tlen_len
+    cdef int32_t size, magic
+    cdef Py_ssize_t rec_end, p, tlen_len
     if pos < 0 or pos + MIN_RECORD_SIZE > end:
         raise RecordError("truncated record header")
     size = get32(r)
@@ -233,37 +247,43 @@ cdef object message_at(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, bint 
         raise RecordError(f"bad magic {<uint32_t>magic:#x}")
     if size < MIN_RECORD_SIZE or pos + size > end:
         raise RecordError(f"bad total size {size}")
+    at.pos, at.size = pos, size
     rec_end = pos + size
     tlen_len = 1 if magic == MAGIC_V1 else 2
-    flags = get32(r + 36)
-    born_at = pos + BORN_HOST_AT
-    p = born_at + (20 if flags & BORNHOST_V6 else 8)
-    store_at = p + 8
-    after = store_at + (20 if flags & STOREHOST_V6 else 8)
-    if after + 16 + tlen_len + 2 > rec_end:
+    at.flags = get32(r + 36)
+    at.born_at = pos + BORN_HOST_AT
+    at.store_at = at.born_at + (20 if at.flags & BORNHOST_V6 else 8) + 8
+    at.after = at.store_at + (20 if at.flags & STOREHOST_V6 else 8)
+    if at.after + 16 + tlen_len + 2 > rec_end:
         raise RecordError(f"total size {size} too small for the record header")
-    blen = get32(buf + after + 12)
-    body_at = after + 16
-    if blen < 0 or body_at + blen + tlen_len + 2 > rec_end:
-        raise RecordError(f"bad body length {blen}")
-    p = body_at + blen
-    if magic == MAGIC_V1:
-        tlen = buf[p]
-    else:
-        tlen = get16(buf + p)
-    p += tlen_len
-    if tlen <= 0 or p + tlen + 2 > rec_end:
-        raise RecordError(f"bad topic length {tlen}")
-    plen = get16(buf + p + tlen)
-    if plen < 0 or p + tlen + 2 + plen != rec_end:
+    at.blen = get32(buf + at.after + 12)
+    at.body_at = at.after + 16
+    if at.blen < 0 or at.body_at + at.blen + tlen_len + 2 > rec_end:
+        raise RecordError(f"bad body length {at.blen}")
+    p = at.body_at + at.blen
+    at.tlen = buf[p] if magic == MAGIC_V1 else get16(buf + p)
+    at.topic_at = p + tlen_len
+    if at.tlen <= 0 or at.topic_at + at.tlen + 2 > rec_end:
+        raise RecordError(f"bad topic length {at.tlen}")
+    at.plen = get16(buf + at.topic_at + at.tlen)
+    at.props_at = at.topic_at + at.tlen + 2
+    if at.plen < 0 or at.props_at + at.plen != rec_end:
         raise RecordError("record fields do not add up to its total size")
+    return 0
+
+
+cdef object message_at(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, bint check_crc):
+    """The record at ``pos`` as a Message: evq.domain.record.decode."""
+    cdef Layout at
+    scan(buf, end, pos, &at)
+    cdef const uint8_t* r = buf + pos
     try:
-        topic = recalled(buf + p, tlen, 0)
-        properties = properties_of(buf + p + tlen + 2, plen)
+        topic = recalled(buf + at.topic_at, at.tlen, 0)
+        properties = properties_of(buf + at.props_at, at.plen)
     except UnicodeDecodeError as exc:
         raise RecordError(f"undecodable topic or properties: {exc}") from None
-    body = PyBytes_FromStringAndSize(<const char*>buf + body_at, blen)
-    crc = get32(r + 8)
+    body = PyBytes_FromStringAndSize(<const char*>buf + at.body_at, at.blen)
+    cdef int32_t crc = get32(r + 8)
     if check_crc and (crc32(body) & 0x7FFFFFFF) != crc:
         raise RecordError(f"body CRC mismatch at {pos}")
     m = object_new(Message)
@@ -273,17 +293,45 @@ cdef object message_at(const uint8_t* buf, Py_ssize_t end, Py_ssize_t pos, bint 
     set_slot(s[2], m, get32(r + 16))
     set_slot(s[3], m, properties)
     set_slot(s[4], m, get32(r + 12))
-    set_slot(s[5], m, flags & ~(BORNHOST_V6 | STOREHOST_V6))
+    set_slot(s[5], m, at.flags & ~(BORNHOST_V6 | STOREHOST_V6))
     set_slot(s[6], m, get64(r + 40))
-    set_slot(s[7], m, host_at(buf + born_at, flags & BORNHOST_V6))
-    set_slot(s[8], m, get64(buf + store_at - 8))
-    set_slot(s[9], m, host_at(buf + store_at, flags & STOREHOST_V6))
-    set_slot(s[10], m, get32(buf + after))
-    set_slot(s[11], m, get64(buf + after + 4))
+    set_slot(s[7], m, host_at(buf + at.born_at, at.flags & BORNHOST_V6))
+    set_slot(s[8], m, get64(buf + at.store_at - 8))
+    set_slot(s[9], m, host_at(buf + at.store_at, at.flags & STOREHOST_V6))
+    set_slot(s[10], m, get32(buf + at.after))
+    set_slot(s[11], m, get64(buf + at.after + 4))
     set_slot(s[12], m, get64(r + 20))
     set_slot(s[13], m, get64(r + 28))
     set_slot(s[14], m, crc)
     return m
+
+
+def read_fields(buf, Py_ssize_t pos, *, bint check_crc):
+    """evq.domain.record.read_fields, compiled: the body is only CRC-checked, in place."""
+    cdef Reader reader = Reader(buf)
+    cdef const uint8_t* b = reader.b.data
+    cdef Layout at
+    scan(b, reader.b.size, pos, &at)
+    try:
+        topic = recalled(b + at.topic_at, at.tlen, 0)
+        properties = utf8(b + at.props_at, at.plen)
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"undecodable topic or properties: {exc}") from None
+    # The view is over memory the reader holds exported until this call returns.
+    ok = not check_crc or (crc32(PyMemoryView_FromMemory(
+        <char*>b + at.body_at, at.blen, PyBUF_READ)) & 0x7FFFFFFF) == get32(b + pos + 8)
+    f = object_new(Fields)
+    cdef list s = fields_slots
+    set_slot(s[0], f, at.size)
+    set_slot(s[1], f, get32(b + pos + 12))
+    set_slot(s[2], f, get64(b + pos + 20))
+    set_slot(s[3], f, get64(b + pos + 28))
+    set_slot(s[4], f, at.flags)
+    set_slot(s[5], f, get64(b + at.store_at - 8))
+    set_slot(s[6], f, topic)
+    set_slot(s[7], f, properties)
+    set_slot(s[8], f, ok)
+    return f
 
 
 def decode(buf, Py_ssize_t pos=0, *, bint check_crc=True):

@@ -67,11 +67,16 @@ def iterated(codec: Codec, buf: bytes | bytearray) -> tuple[list[Message], type 
 
 
 def assert_same_decoding(buf: bytes | bytearray, pos: int = 0) -> None:
+    """decode and read_fields: the same outcome from both codecs, with and without CRC."""
     for check_crc in (True, False):
         expected = outcome(PURE.decode, buf, pos, check_crc=check_crc)
         assert outcome(COMPILED.decode, buf, pos, check_crc=check_crc) == expected
         assert outcome(COMPILED.decode, memoryview(bytes(buf)), pos,
                        check_crc=check_crc) == expected
+        fields = outcome(PURE.read_fields, buf, pos, check_crc=check_crc)
+        assert outcome(COMPILED.read_fields, buf, pos, check_crc=check_crc) == fields
+        assert outcome(COMPILED.read_fields, memoryview(bytes(buf)), pos,
+                       check_crc=check_crc) == fields
 
 
 def mutated(raw: bytes, changes: list[tuple[int, int]]) -> bytearray:
