@@ -476,9 +476,11 @@ class Codec:
     decode_batch: Callable[[bytes | memoryview], list[BatchEntry]]
     pack_v4: Callable[..., bytes]
     read_fields: Callable[..., Fields]
+    encode_batch: Callable[[Iterable[Message]], bytes]
 
 
-PURE = Codec(decode, iter_records, decode_records, decode_batch, pack_v4, read_fields)
+PURE = Codec(decode, iter_records, decode_records, decode_batch, pack_v4, read_fields,
+             encode_batch)
 PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
 """Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
 
@@ -493,20 +495,21 @@ def _compiled_kernels() -> ModuleType | None:
     except ImportError:
         return None
     record_kernels.bind(record_error=RecordError, message=Message, batch_entry=BatchEntry,
-                        fields=Fields, host_text=_ip_text, struct_error_type=struct.error)
+                        fields=Fields, host_text=_ip_text,
+                        properties_text=encode_properties, struct_error_type=struct.error)
     return record_kernels
 
 
 _kernels = _compiled_kernels()
 COMPILED = None if _kernels is None else Codec(
     _kernels.decode, _kernels.iter_records, _kernels.decode_records, _kernels.decode_batch,
-    _kernels.pack_v4, _kernels.read_fields)
+    _kernels.pack_v4, _kernels.read_fields, _kernels.encode_batch)
 """The compiled codec, or None where it is not built or not wanted."""
 CODEC = COMPILED or PURE
 """The codec this process runs; the module's names below are its functions."""
-decode, iter_records, decode_records, decode_batch, pack_v4, read_fields = (
+decode, iter_records, decode_records, decode_batch, pack_v4, read_fields, encode_batch = (
     CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.decode_batch, CODEC.pack_v4,
-    CODEC.read_fields)
+    CODEC.read_fields, CODEC.encode_batch)
 
 
 __all__ = [

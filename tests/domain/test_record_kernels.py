@@ -243,6 +243,19 @@ def test_decode_batch_matches_on_any_properties_bytes(body: bytes, props: bytes,
     assert outcome(COMPILED.decode_batch, raw) == outcome(PURE.decode_batch, raw)
 
 
+batch_entries_at_limits = st.builds(
+    Message, topic=st.just("T"), body=st.binary(max_size=64) | st.binary(max_size=8).map(bytearray),
+    flag=st.integers(INT32_MIN - 1, INT32_MAX + 1) | st.sampled_from([INT32_MIN, INT32_MAX]),
+    properties=properties | st.sampled_from([{"k": "v" * 32764}, {"k": "v" * 32765}]))
+
+
+@needs_compiled
+@given(st.lists(batch_entries_at_limits, max_size=5))
+def test_encode_batch_matches(ms: list[Message]) -> None:
+    assert outcome(COMPILED.encode_batch, ms) == outcome(PURE.encode_batch, ms)
+    assert outcome(COMPILED.encode_batch, iter(ms)) == outcome(PURE.encode_batch, ms)
+
+
 # --- pack_v4 --------------------------------------------------------------------------------
 
 int32_edges = st.integers(INT32_MIN - 1, INT32_MAX + 1) | st.sampled_from(
