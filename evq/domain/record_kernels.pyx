@@ -139,13 +139,16 @@ cdef struct Bytes:
 
 cdef class Reader:
     """A read-only view of a bytes-like argument: bytes directly, anything else through the
-    buffer protocol (released when the reader goes)."""
+    buffer protocol (released when the reader goes).  It holds the object too: a caller may
+    keep readers of objects nothing else references (encode_batch's entries)."""
 
     cdef Py_buffer view
     cdef bint held
     cdef Bytes b
+    cdef object obj
 
     def __cinit__(self, object obj):
+        self.obj = obj
         if PyBytes_CheckExact(obj):
             self.b.data = <const uint8_t*>PyBytes_AS_STRING(obj)
             self.b.size = len(<bytes>obj)

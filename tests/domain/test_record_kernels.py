@@ -18,6 +18,7 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -253,7 +254,9 @@ batch_entries_at_limits = st.builds(
 @given(st.lists(batch_entries_at_limits, max_size=5))
 def test_encode_batch_matches(ms: list[Message]) -> None:
     assert outcome(COMPILED.encode_batch, ms) == outcome(PURE.encode_batch, ms)
-    assert outcome(COMPILED.encode_batch, iter(ms)) == outcome(PURE.encode_batch, ms)
+    # Entries that live only while they are iterated, as the producer passes inflated copies.
+    fresh = (attrs.evolve(m, body=bytes(bytearray(m.body))) for m in ms)
+    assert outcome(COMPILED.encode_batch, fresh) == outcome(PURE.encode_batch, ms)
 
 
 # --- pack_v4 --------------------------------------------------------------------------------
