@@ -350,13 +350,19 @@ def decode(buf, Py_ssize_t pos=0, *, bint check_crc=True):
 
 def iter_records(buf, *, bint check_crc=True):
     """evq.domain.record.iter_records, compiled: a generator too, so the records before a bad
-    one are yielded before it raises."""
-    cdef Reader reader = Reader(buf)
-    cdef Py_ssize_t pos = 0
-    while pos < reader.b.size:
+    one are yielded before it raises.  The buffer is taken again at each step, as the pure
+    twin reads it: a suspended generator must not pin an export of a mapped file."""
+    cdef Reader reader
+    cdef Py_ssize_t pos = 0, size
+    while True:
+        reader = Reader(buf)
+        if pos >= reader.b.size:
+            return
         m = message_at(reader.b.data, reader.b.size, pos, check_crc)
+        size = get32(reader.b.data + pos)
+        reader = None
         yield m
-        pos += get32(reader.b.data + pos)
+        pos += size
 
 
 def decode_records(buf, *, bint check_crc=True):

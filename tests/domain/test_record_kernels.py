@@ -218,6 +218,19 @@ def test_texts_recalled_from_earlier_records_are_the_right_ones(
     assert outcome(COMPILED.decode_batch, raw) == outcome(PURE.decode_batch, raw)
 
 
+@needs_compiled
+def test_a_suspended_iteration_holds_no_export_of_the_buffer() -> None:
+    """Between records the buffer is free, as with the pure generator: a bytearray grows (an
+    exported one could not), and the iteration reads what it grew by."""
+    m = Message(topic="T", body=b"x")
+    for codec in (PURE, COMPILED):
+        buf = bytearray(encode(m))
+        records = codec.iter_records(buf)
+        assert next(records) == m
+        buf.extend(encode(m))
+        assert list(records) == [m]
+
+
 # --- decode_batch ---------------------------------------------------------------------------
 
 batch_messages = st.builds(Message, topic=st.just("T"), body=st.binary(max_size=128), flag=int32s,
