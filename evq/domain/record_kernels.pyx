@@ -25,6 +25,8 @@ from libc.stdint cimport (
 from libc.stdio cimport snprintf
 from libc.string cimport memchr, memcmp, memcpy, memset
 
+import zlib
+
 cdef extern from "Python.h":
     ctypedef int (*descrsetfunc)(PyObject*, PyObject*, PyObject*) except -1
     ctypedef struct TypeSlots "PyTypeObject":
@@ -46,18 +48,20 @@ cdef enum:
     STOREHOST_V6 = 0x1 << 5
     HOST_CACHE_LIMIT = 4096
 
+# Bound by bind(): evq's classes and the pure helpers the kernels share.
 cdef object RecordError = None
-cdef object BatchEntry = None
-cdef object ip_text = None  # bytes -> str, the pure module's cached ipaddress round trip
-cdef object crc32 = None
-cdef object object_new = object.__new__
 cdef object struct_error = None
 cdef type Message = None
-cdef list message_slots = []  # Message's slot descriptors in its field order
-cdef list batch_entry_slots = []
 cdef type Fields = None
-cdef object encode_properties = None
+cdef object BatchEntry = None
+cdef list message_slots = []  # each class's slot descriptors, in the order set below
 cdef list fields_slots = []
+cdef list batch_entry_slots = []
+cdef object ip_text = None  # bytes -> str, the pure module's cached ipaddress round trip
+cdef object encode_properties = None
+
+cdef object crc32 = zlib.crc32
+cdef object object_new = object.__new__
 cdef dict v4_hosts = {}  # the 8 stored bytes as an int -> (ip, port)
 cdef enum:
     TEXT_SLOTS = 17  # the topic, then the names of a record's first 16 properties
@@ -68,28 +72,25 @@ def bind(*, record_error, message, batch_entry, fields, host_text, properties_te
          struct_error_type) -> None:
     """Hand the kernels the classes they build and raise, and the pure helpers they share
     (called once by evq.domain.record)."""
-    global RecordError, BatchEntry, ip_text, crc32, struct_error, Message, Fields
-    global encode_properties
-    encode_properties = properties_text
-    import zlib
-    RecordError, BatchEntry, ip_text, crc32 = record_error, batch_entry, host_text, zlib.crc32
-    struct_error, Message = struct_error_type, message
+    global RecordError, struct_error, Message, Fields, BatchEntry, ip_text, encode_properties
+    RecordError, struct_error = record_error, struct_error_type
+    Message, Fields, BatchEntry = message, fields, batch_entry
+    ip_text, encode_properties = host_text, properties_text
     message_slots[:] = _slots(message, (
         "topic", "body", "flag", "properties", "queue_id", "sysflag", "born_timestamp",
         "born_host", "store_timestamp", "store_host", "reconsume_times",
         "prepared_transaction_offset", "queue_offset", "commit_log_offset", "body_crc"))
-    batch_entry_slots[:] = _slots(batch_entry, ("flag", "body", "properties"))
-    Fields = fields
     fields_slots[:] = _slots(fields, (
         "size", "queue_id", "queue_offset", "physical_offset", "sysflag", "store_timestamp",
         "topic", "properties", "crc_ok"))
+    batch_entry_slots[:] = _slots(batch_entry, ("flag", "body", "properties"))
 
 
 cdef list _slots(type cls, tuple names):
     # attrs' own __init__ of a slots class ends in these descriptors' __set__ (frozen classes
-    # too); calling them directly builds an instance without running Python bytecode.
-    # Every field must be named here, or an instance would lack it: the caller's test
-    # compares whole objects, so a field added to the class and not here fails it.
+    # too); calling them directly builds an instance without running Python bytecode.  Every
+    # field must be set, or an instance would lack it: a field added to the class and not
+    # here stops the import (loudly, in every test) rather than build half-made objects.
     fields = [a.name for a in cls.__attrs_attrs__]
     if list(names) != fields:
         raise RuntimeError(f"{cls.__name__} fields changed: {fields}")
