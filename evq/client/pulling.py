@@ -1,6 +1,6 @@
 """PULL_MESSAGE requests and answers, shared by the push and pull consumers.
 
-The answer's body is the stored records back to back (:func:`evq.domain.record.iter_records`);
+The answer's body is the stored records back to back (:func:`evq.domain.record.decode_records`);
 the client filters them by tag again (the broker matches tag hash codes, which may collide) and
 gives a retried message back its real topic, so a listener never sees ``%RETRY%<group>``.
 """
@@ -18,7 +18,7 @@ from evq.domain.codes import ResponseCode
 from evq.domain.filters import TAG_SEPARATOR
 from evq.domain.message import Message, Prop
 from evq.domain.queues import MessageQueue
-from evq.domain.record import RecordError, iter_records
+from evq.domain.record import RecordError, decode_records
 from evq.net.codes import RequestCode
 from evq.net.protocol import HeaderFieldError, RemotingCommand
 
@@ -97,7 +97,7 @@ def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
         next_offset = answer.get_long("nextBeginOffset")
         lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
         suggest = answer.get_long("suggestWhichBrokerId", 0)
-        found = list(iter_records(answer.body)) if status is PullStatus.FOUND else []
+        found = decode_records(answer.body) if status is PullStatus.FOUND else []
     except (HeaderFieldError, RecordError) as exc:
         raise ClientError(f"unreadable pull answer: {exc}") from None
     return PullResult(status, next_offset, lo, hi, restored(matching(found, sub.tags())),
@@ -106,7 +106,9 @@ def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
 
 def restored(msgs: list[Message]) -> list[Message]:
     """:func:`restore_topic` of each message, looked at only when a retry topic is there."""
-    if not any(m.topic.startswith(tp.RETRY_PREFIX) for m in msgs):
+    # A set of the topics first: an answer's records share one topic (one str object, when
+    # the compiled codec decodes them), so this is one hash per message and one startswith.
+    if not any(topic.startswith(tp.RETRY_PREFIX) for topic in {m.topic for m in msgs}):
         return msgs
     return [restore_topic(m) for m in msgs]
 

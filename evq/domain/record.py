@@ -39,10 +39,12 @@ Batch bodies sent by producers (``batch=true``) use a shorter inner form, one pe
 from __future__ import annotations
 
 import ipaddress
+import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
+from types import ModuleType
 
 import attrs
 
@@ -311,10 +313,18 @@ def iter_records(
     """Decode back-to-back records, as a pull response body or query answer carries them."""
     pos = 0
     while pos < len(buf):
-        m = decode(buf, pos, check_crc=check_crc)
+        m = PURE.decode(buf, pos, check_crc=check_crc)
         yield m
         (size,) = INT32.unpack_from(buf, pos)
         pos += size
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> list[Message]:
+    """``list(iter_records(buf))``: what a pull answer becomes (the compiled twin skips the
+    generator)."""
+    return list(PURE.iter_records(buf, check_crc=check_crc))
 
 
 def encode_blank(size: int) -> bytes:
@@ -459,6 +469,56 @@ def split_batch(body: bytes | memoryview) -> list[tuple[int, bytes, str]]:
     return entries
 
 
+# --- compiled kernels ----------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Codec:
+    """One implementation of the codec's hot functions: the pure-Python ones above (the
+    reference) or their compiled twins in evq/domain/record_kernels.pyx."""
+
+    decode: Callable[..., Message]
+    iter_records: Callable[..., Iterator[Message]]
+    decode_records: Callable[..., list[Message]]
+    split_batch: Callable[[bytes | memoryview], list[tuple[int, bytes, str]]]
+    pack_v4: Callable[..., bytes]
+    read_fields: Callable[..., Fields]
+    encode_batch: Callable[[Iterable[Message]], bytes]
+
+
+PURE = Codec(decode, iter_records, decode_records, split_batch, pack_v4, read_fields,
+             encode_batch)
+PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
+"""Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
+
+
+def _compiled_kernels() -> ModuleType | None:
+    """The compiled kernels, bound to this module's classes; None where they were not built
+    (no C compiler at install time) or :data:`PURE_PYTHON_VARIABLE` asks for pure Python."""
+    if os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0"):
+        return None
+    try:
+        from evq.domain import record_kernels
+    except ImportError:
+        return None
+    record_kernels.bind(record_error=RecordError, message=Message, fields=Fields,
+                        host_text=_ip_text, properties_text=encode_properties,
+                        struct_error_type=struct.error)
+    return record_kernels
+
+
+_kernels = _compiled_kernels()
+COMPILED = None if _kernels is None else Codec(
+    _kernels.decode, _kernels.iter_records, _kernels.decode_records, _kernels.split_batch,
+    _kernels.pack_v4, _kernels.read_fields, _kernels.encode_batch)
+"""The compiled codec, or None where it is not built or not wanted."""
+CODEC = COMPILED or PURE
+"""The codec this process runs; the module's names below are its functions."""
+decode, iter_records, decode_records, split_batch, pack_v4, read_fields, encode_batch = (
+    CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.split_batch, CODEC.pack_v4,
+    CODEC.read_fields, CODEC.encode_batch)
+
+
 def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
     """Split a batch body, properties decoded; malformed input raises :class:`RecordError`."""
     return [BatchEntry(flag, b, decode_properties(props)) for flag, b, props in split_batch(body)]
@@ -475,6 +535,7 @@ __all__ = [
     "body_crc",
     "decode",
     "decode_batch",
+    "decode_records",
     "encode",
     "encode_batch",
     "encoded_record",

@@ -1,0 +1,21 @@
+"""Builds the optional compiled codec (evq/domain/record_kernels.pyx); pyproject.toml holds
+everything else.
+
+The extension is optional: with no C compiler, or when compiling fails, the install still
+succeeds and evq runs its pure-Python codec (evq.domain.record chooses at import time).
+"""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # a build without Cython (pyproject's build requires bring it): pure
+    extensions = []
+else:
+    extensions = cythonize(
+        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"])],
+        compiler_directives={"language_level": "3"}, quiet=True)
+    for extension in extensions:
+        extension.optional = True  # set after cythonize, which drops the flag
+
+setup(ext_modules=extensions)
