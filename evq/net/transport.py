@@ -784,15 +784,23 @@ class RemotingClient:
         return f"{self.host}:{self.port}"
 
     async def connection(self) -> Connection:
-        """The open connection, connecting first if there is none."""
+        """The open connection, connecting first if there is none.  Only connecting takes
+        the lock (callers arriving meanwhile wait for that one connection): an open
+        connection is returned without it."""
+        if (conn := self._open()) is not None:
+            return conn
         async with self._connecting:
-            if self._conn is None or self._conn.is_closed:
-                self._conn = await self._connect()
-            return self._conn
+            if (conn := self._open()) is None:
+                conn = self._conn = await self._connect()
+            return conn
+
+    def _open(self) -> Connection | None:
+        conn = self._conn
+        return conn if conn is not None and not conn.is_closed else None
 
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and return the answer; raises a :class:`TransportError`."""
-        conn = await self.connection()
+        conn = self._open() or await self.connection()
         return await conn.send_request(cmd, timeout)
 
     async def invoke_oneway(self, cmd: RemotingCommand) -> None:
