@@ -36,7 +36,7 @@ from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import ResponseCode
 from evq.domain.hashing import java_hash
-from evq.domain.ids import new_uniq_key
+from evq.domain.ids import new_uniq_key, new_uniq_keys
 from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
@@ -292,9 +292,17 @@ class Producer:
         """Stamp each message's UNIQ_KEY (unless the caller chose one) and birth time."""
         self._supervised().check()  # a producer whose background work died sends no more
         now = self._clock.now_ms()
-        for msg in msgs:
+        if len(msgs) == 1:
+            (msg,) = msgs
             if Prop.UNIQ_KEY not in msg.properties:
                 msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
+            msg.born_timestamp = now
+            return
+        # A batch takes its keys in one call: one lock and one formatted head for all.
+        keyless = [msg for msg in msgs if Prop.UNIQ_KEY not in msg.properties]
+        for msg, key in zip(keyless, new_uniq_keys(now, len(keyless)), strict=True):
+            msg.properties[Prop.UNIQ_KEY] = key
+        for msg in msgs:
             msg.born_timestamp = now
 
     async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
