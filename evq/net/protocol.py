@@ -610,8 +610,14 @@ class FrameDecoder:
         except ProtocolError as exc:
             self._failed = exc
             raise
-        if cmd is None and self._pos:
-            del self._buf[: self._pos]  # compact once per drained batch, not per frame
+        if cmd is None:
+            if self._pos:
+                del self._buf[: self._pos]  # compact once per drained batch, not per frame
+                self._pos = 0
+        elif self._pos == len(self._buf):
+            # Drained (the usual end of a read): nothing to move, and a reader that checks
+            # :attr:`buffered` first need not call again to learn that nothing is left.
+            self._buf.clear()
             self._pos = 0
         return cmd
 

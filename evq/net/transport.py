@@ -539,7 +539,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             while self._may_take():
                 before = self._decoder.buffered
-                if (cmd := self._decoder.next_command()) is None:
+                if not before or (cmd := self._decoder.next_command()) is None:
                     break
                 if cmd.is_response:
                     self._resolve(cmd)
