@@ -36,7 +36,7 @@ from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import ResponseCode
 from evq.domain.hashing import java_hash
-from evq.domain.ids import new_uniq_key
+from evq.domain.ids import new_uniq_key, new_uniq_keys
 from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
@@ -53,6 +53,8 @@ RETRYABLE: Final = frozenset({ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE
                               ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                               ResponseCode.NO_PERMISSION})
 """Answers Java's producer tries again elsewhere: the next broker may well accept."""
+_SEND: Final = RequestCode.SEND_MESSAGE_V2
+_SEND_BATCH: Final = RequestCode.SEND_BATCH_MESSAGE
 
 
 class SendStatus(enum.Enum):
@@ -290,9 +292,17 @@ class Producer:
         """Stamp each message's UNIQ_KEY (unless the caller chose one) and birth time."""
         self._supervised().check()  # a producer whose background work died sends no more
         now = self._clock.now_ms()
-        for msg in msgs:
+        if len(msgs) == 1:
+            (msg,) = msgs
             if Prop.UNIQ_KEY not in msg.properties:
                 msg.properties[Prop.UNIQ_KEY] = new_uniq_key(now)
+            msg.born_timestamp = now
+            return
+        # A batch takes its keys in one call: one lock and one formatted head for all.
+        keyless = [msg for msg in msgs if Prop.UNIQ_KEY not in msg.properties]
+        for msg, key in zip(keyless, new_uniq_keys(now, len(keyless)), strict=True):
+            msg.properties[Prop.UNIQ_KEY] = key
+        for msg in msgs:
             msg.born_timestamp = now
 
     async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
@@ -332,7 +342,7 @@ class Producer:
         self._faults.update(queue.broker_name, round((self._clock.monotonic() - started) * 1000),
                             failed=status is None)
         if status is None:
-            code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+            code = _SEND_BATCH if batch else _SEND
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
         msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
                   else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
@@ -358,8 +368,9 @@ class Producer:
             sysflag, props = 0, ""
         else:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
-        # Built as the strings the header carries, so the codec has nothing to convert.
-        fields: dict[str, object] = {
+        # Built as the strings the header carries and handed to the command as they are: the
+        # converter's check and copy of a constructor's ext_fields are not needed.
+        fields = {
             "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
             "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
             "g": str(first.born_timestamp), "h": str(first.flag), "i": props,
@@ -369,9 +380,10 @@ class Producer:
             fields["m"] = "true"
         if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
             # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
-            fields["l"] = int(first.properties[Prop.MAX_RECONSUME_TIMES])
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        return RemotingCommand.request(code, fields, body)
+            fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
+        cmd = RemotingCommand(_SEND_BATCH if batch else _SEND, body=body)
+        cmd.ext_fields = fields
+        return cmd
 
     def _started(self) -> tuple[Routes, BrokerPool]:
         if self._routes is None or self._pool is None:

@@ -122,7 +122,7 @@ class BrokerPool:
         self._clients: dict[str, RemotingClient] = {}
         self._open: dict[str, Connection] = {}
         """The open connection of each address: a request on it goes straight out, without
-        the client's connect lock (taken again only to reconnect)."""
+        a call through the address's client."""
 
     def client(self, addr: str) -> RemotingClient:
         client = self._clients.get(addr)

@@ -59,18 +59,30 @@ def _month_start(now_ms: int) -> int:
 
 
 def new_uniq_key(now_ms: int, ip: str = "127.0.0.1") -> str:
-    return new_uniq_keys(now_ms, 1, ip)[0]
+    """One key for a message made at ``now_ms`` (a producer's every single send): what
+    :func:`new_uniq_keys` makes, without its list."""
+    return _head(now_ms, ip) + _counter_hex(_take(1))
 
 
 def new_uniq_keys(now_ms: int, count: int, ip: str = "127.0.0.1") -> list[str]:
     """``count`` keys for messages made at ``now_ms``: the first 28 hex digits are the same
     for all of them, so they are formatted once and only the counters per key."""
+    first = _take(count)
+    head = _head(now_ms, ip)
+    return [head + _counter_hex(n) for n in range(first, first + count)]
+
+
+def _take(count: int) -> int:
+    """The first of ``count`` consecutive counters (they wrap at 2**16)."""
     global _next
     with _lock:
         first = _next
         _next = (first + count) & 0xFFFF
-    head = _head(now_ms, ip)
-    return [head + _HEX[n >> 8 & 0xFF] + _HEX[n & 0xFF] for n in range(first, first + count)]
+    return first
+
+
+def _counter_hex(n: int) -> str:
+    return _HEX[n >> 8 & 0xFF] + _HEX[n & 0xFF]
 
 
 def _head(now_ms: int, ip: str) -> str:

@@ -172,6 +172,11 @@ def split_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_Pending = tuple[asyncio.Future[RemotingCommand], float, RemotingCommand, float]
+"""A request waiting for its answer: the waiter, its deadline on the loop's clock, the request
+and its timeout (what a :class:`RequestTimeout` names)."""
+_NEVER: Final = float("inf")
+
 REQUEST_TASK_NAME: Final = "evq request"
 """The name of every task that answers a peer's request (for debugging and tests)."""
 
@@ -290,7 +295,10 @@ class Connection(asyncio.BufferedProtocol):
         self._clock = clock
         self._decoder = FrameDecoder(config.max_frame)
         self._opaques = OpaqueCounter()
-        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._pending: dict[int, _Pending] = {}
+        """This side's requests waiting for an answer, by opaque."""
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = _NEVER  # when ``_expiry`` fires: the earliest deadline it covers
         self._tasks: set[asyncio.Task[None]] = set()
         self._oneway: set[asyncio.Task[None]] = set()  # those of _tasks nobody waits on
         self._close_callbacks: list[CloseCallback] = []
@@ -364,21 +372,53 @@ class Connection(asyncio.BufferedProtocol):
     # -- requests from this side --------------------------------------------------------------
 
     async def send_request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
-        """Send ``cmd`` (its opaque is assigned here) and wait for the peer's answer."""
+        """Send ``cmd`` (its opaque is assigned here) and wait for the peer's answer; after
+        ``timeout`` seconds without one, :class:`RequestTimeout`."""
         cmd.flag &= ~ONEWAY_FLAG
-        cmd.opaque = self._opaques()
+        cmd.opaque = opaque = self._opaques()
         self._sign(cmd)
         loop = self._loop
         future = loop.create_future()
-        self._pending[cmd.opaque] = future
-        # One timer handle, not asyncio.timeout's context manager: a few µs on every request.
-        timer = loop.call_later(timeout, _expire, future, cmd, self.peer, timeout)
+        deadline = loop.time() + timeout
+        self._pending[opaque] = (future, deadline, cmd, timeout)
+        if deadline < self._expiry_at:
+            self._expire_at(deadline)
         try:
             self._write(cmd)
             return await future
         finally:
-            timer.cancel()
-            self._pending.pop(cmd.opaque, None)
+            self._pending.pop(opaque, None)
+
+    def _expire_at(self, when: float) -> None:
+        """(Re)arm the connection's one expiry timer for ``when``.
+
+        Timeouts are swept per connection, as RocketMQ's clients scan their response table,
+        rather than given a timer each: a timer handle per request (made, pushed on the
+        loop's heap through Python-level comparisons, cancelled, popped) cost more than the
+        rest of sending it.  The timer fires at the earliest deadline pending when it was
+        armed, so every request still fails at its own deadline; with one timeout for all
+        requests it is re-armed about once per timeout, not once per request."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = self._loop.call_at(when, self._expire_due)
+        self._expiry_at = when
+
+    def _expire_due(self) -> None:
+        """Fail the requests whose deadline has passed; re-arm for the earliest one left."""
+        self._expiry, self._expiry_at = None, _NEVER
+        now = self._loop.time()
+        earliest = _NEVER
+        for future, deadline, cmd, timeout in self._pending.values():
+            if future.done():
+                continue
+            if deadline <= now:
+                future.set_exception(RequestTimeout(
+                    f"request code {cmd.code} opaque {cmd.opaque} to {self.peer}: no response "
+                    f"in {timeout:g} s"))
+            elif deadline < earliest:
+                earliest = deadline
+        if earliest < _NEVER:
+            self._expire_at(earliest)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
         """Send ``cmd`` with the oneway flag; the peer answers nothing."""
@@ -458,9 +498,12 @@ class Connection(asyncio.BufferedProtocol):
         # One-way requests run on: their sender counted them as delivered when it wrote them
         # (END_TRANSACTION, offsets), and may well hang up right after.
         closed = ConnectionClosed(f"connection {self.id} to {self.peer} closed")
-        for future in self._pending.values():
+        for future, *_ in self._pending.values():
             if not future.done():
                 future.set_exception(closed)
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry, self._expiry_at = None, _NEVER
         self._closed.set_result(None)
         self._wake_writers()
         for callback in self._close_callbacks:
@@ -496,7 +539,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             while self._may_take():
                 before = self._decoder.buffered
-                if (cmd := self._decoder.next_command()) is None:
+                if not before or (cmd := self._decoder.next_command()) is None:
                     break
                 if cmd.is_response:
                     self._resolve(cmd)
@@ -530,12 +573,12 @@ class Connection(asyncio.BufferedProtocol):
         log.error("request task failed", conn=self.id, peer=self.peer, error=repr(exc))
 
     def _resolve(self, response: RemotingCommand) -> None:
-        future = self._pending.get(response.opaque)
-        if future is None or future.done():
+        pending = self._pending.get(response.opaque)
+        if pending is None or pending[0].done():
             # A late answer to a request that timed out; the Java client drops them as well.
             log.debug("response to no pending request", conn=self.id, opaque=response.opaque)
             return
-        future.set_result(response)
+        pending[0].set_result(response)
 
     async def _handle(self, cmd: RemotingCommand) -> None:
         if self._pause_on_write:
@@ -741,15 +784,23 @@ class RemotingClient:
         return f"{self.host}:{self.port}"
 
     async def connection(self) -> Connection:
-        """The open connection, connecting first if there is none."""
+        """The open connection, connecting first if there is none.  Only connecting takes
+        the lock (callers arriving meanwhile wait for that one connection): an open
+        connection is returned without it."""
+        if (conn := self._open()) is not None:
+            return conn
         async with self._connecting:
-            if self._conn is None or self._conn.is_closed:
-                self._conn = await self._connect()
-            return self._conn
+            if (conn := self._open()) is None:
+                conn = self._conn = await self._connect()
+            return conn
+
+    def _open(self) -> Connection | None:
+        conn = self._conn
+        return conn if conn is not None and not conn.is_closed else None
 
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and return the answer; raises a :class:`TransportError`."""
-        conn = await self.connection()
+        conn = self._open() or await self.connection()
         return await conn.send_request(cmd, timeout)
 
     async def invoke_oneway(self, cmd: RemotingCommand) -> None:
@@ -787,15 +838,6 @@ class RemotingClient:
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {self.address}: {exc or 'timed out'}") from exc
         return conn
-
-
-def _expire(future: asyncio.Future[RemotingCommand], cmd: RemotingCommand, peer: str,
-            timeout: float) -> None:
-    """A request's answer did not come in time: its waiter gets :class:`RequestTimeout`."""
-    if not future.done():
-        future.set_exception(RequestTimeout(
-            f"request code {cmd.code} opaque {cmd.opaque} to {peer}: no response in "
-            f"{timeout:g} s"))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -63,6 +63,20 @@ async def test_batch_and_oneway(cluster: Served) -> None:
     assert b"oneway" in {m.payload() for m in got}
 
 
+async def test_a_batch_keeps_the_keys_its_caller_chose_and_gives_the_others_fresh_ones(
+        cluster: Served) -> None:
+    chosen = "0A0B0C0D" + "0" * 24
+    msgs = [new_message("BK", b"a"), new_message("BK", b"b"), new_message("BK", b"c")]
+    msgs[1].properties[Prop.UNIQ_KEY] = chosen
+    async with Producer("PG", cluster.namesrv) as p:
+        r = await p.send_batch(msgs)
+    ids = r.msg_id.split(",")
+    assert ids[1] == chosen and len(set(ids)) == 3
+    assert all(len(key) == 32 and key[:28] == ids[0][:28] for key in (ids[0], ids[2]))
+    stored = {m.uniq_key: m.payload() for m in await read_all(cluster.namesrv, "BK")}
+    assert [stored[key] for key in ids] == [b"a", b"b", b"c"]
+
+
 async def test_a_batch_mixing_compressed_and_plain_messages_reads_back(cluster: Served) -> None:
     """A batch goes out uncompressed: a message ``new_message`` compressed is inflated into
     it, the others are sent as they are."""

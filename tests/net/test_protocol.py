@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.net import protocol
 from evq.net.codes import LanguageCode, RequestCode, Version
 from evq.net.protocol import (
     INT32_MAX,
@@ -454,3 +456,29 @@ def test_json_headers_read_as_the_json_module_reads_them(header: bytes) -> None:
     answer = cmd.response(fields=cmd.ext_fields, remark=cmd.remark).encode()
     assert answer[8:].isascii()
     assert decode_one(answer).ext_fields == cmd.ext_fields
+
+
+_json_scalars = (st.none() | st.booleans() | st.floats(allow_nan=False)
+                 | st.integers(-(2**70), 2**70) | st.integers(-(2**31) - 2, 2**31 + 1)
+                 | st.text(max_size=6) | st.integers(-9, 9).map(str))
+_header_keys = st.sampled_from(["code", "opaque", "flag", "version", "language", "remark",
+                                "serializeTypeCurrentRPC", "other"])
+
+
+@given(st.dictionaries(_header_keys, _json_scalars),
+       st.none() | st.dictionaries(st.text(max_size=4), _json_scalars, max_size=4)
+       | _json_scalars)
+def test_json_header_short_way_reads_every_header_as_the_checked_way(
+        top: dict[str, object], ext: object) -> None:
+    """The decoder's short way for well-formed JSON headers gives the command, or the error,
+    the checked way gives, whatever the fields hold."""
+    obj = dict(top) if ext is None else {**top, "extFields": ext}
+    header = json.dumps(obj).encode()
+
+    def outcome(decode: Callable[[bytes, bytes], RemotingCommand]) -> object:
+        try:
+            return decode(header, b"b")
+        except ProtocolError as exc:
+            return (exc.reason, exc.opaque)
+
+    assert outcome(protocol._decode_json) == outcome(protocol._decode_json_checked)

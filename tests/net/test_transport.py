@@ -564,6 +564,39 @@ async def test_server_to_client_request_oneway_and_timeout() -> None:
         assert (await client.invoke(RemotingCommand.request(FAST), TIMEOUT)).code == 0
 
 
+async def test_requests_of_one_connection_time_out_each_at_its_own_deadline() -> None:
+    """One expiry timer serves a connection: a short request sent while a long one is pending
+    still fails after its own timeout, requests sent later are still covered, and an answer
+    that comes in time wins over the sweep."""
+    release = asyncio.Event()
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await release.wait()
+        return cmd.response()
+
+    async def quick(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response()
+
+    async with serving({SLOW: parked, FAST: quick}) as server, client_of(server) as client:
+        conn = await client.connection()
+        loop = asyncio.get_running_loop()
+        long_wait = asyncio.create_task(conn.send_request(RemotingCommand.request(SLOW), 30.0))
+        started = loop.time()
+        with pytest.raises(RequestTimeout, match=r"request code 11 opaque \d+ to .*: "
+                                                  r"no response in 0\.2 s"):
+            await conn.send_request(RemotingCommand.request(SLOW), 0.2)
+        # Its own deadline, not the long one's (uvloop's clock counts whole milliseconds).
+        assert 0.19 <= loop.time() - started < 5.0
+        assert (await conn.send_request(RemotingCommand.request(FAST), 0.3)).code == 0
+        started = loop.time()
+        with pytest.raises(RequestTimeout, match=r"no response in 0\.1 s"):
+            await conn.send_request(RemotingCommand.request(SLOW), 0.1)
+        assert 0.09 <= loop.time() - started < 5.0
+        assert not long_wait.done()
+        release.set()  # the long request, answered in time, is not failed by any sweep
+        assert (await asyncio.wait_for(long_wait, TIMEOUT)).code == 0
+
+
 async def test_closing_fails_pending_requests_and_runs_close_callbacks() -> None:
     cancelled = asyncio.Event()
     closed: list[int] = []
