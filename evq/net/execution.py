@@ -15,6 +15,11 @@ of them (and a C++ client drops its connection when a heartbeat waits over 3 s).
 * **In a worker thread when large** (:func:`sized`): work proportional to a request's bytes,
   such as inflating a compressed batch; below :data:`LARGE_WORK` bytes it runs inline, where
   the thread hop would cost more than the work.
+* **In a worker thread, in turn** (:class:`InTurn`): a put that writes metadata, and a
+  batch of :data:`LARGE_WORK` bytes or more, split, put and answered there in one call (a
+  4 MiB batch may hold 190,650 empty messages, a second of work), with the cycle collector
+  paused (:func:`collector_paused`).  Puts that arrive meanwhile wait for it on the loop
+  instead of appending past it, so a batch stays contiguous and puts keep arrival order.
 * **On the store's own threads:** flushing (group commit) and cleaning; the loop learns of a
   flush through :class:`evq.net.durable.DurableWaker`, one wake-up a flush round.
 
@@ -25,8 +30,13 @@ reports the longest stall under mixed load).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import gc
+import threading
+from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
+
+import attrs
 
 _T = TypeVar("_T")
 
@@ -45,3 +55,64 @@ async def sized(size: int, fn: Callable[..., _T], *args: object) -> _T:
     if size < LARGE_WORK:
         return fn(*args)
     return await asyncio.to_thread(fn, *args)
+
+
+@attrs.define(slots=True)
+class InTurn:
+    """Runs calls in arrival order when some of them run in a worker thread.
+
+    A caller runs an inline call at once while :attr:`busy` is false (the common case: one
+    test, no coroutine) and through :meth:`inline` otherwise, where it queues behind the
+    calls before it.  The lock is asyncio's, which wakes waiters first come, first served."""
+
+    _lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+    _queued: int = 0  # calls holding or waiting for the lock
+
+    @property
+    def busy(self) -> bool:
+        return self._queued > 0
+
+    async def off_loop(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` in a worker thread once the calls before it are done."""
+        self._queued += 1
+        try:
+            async with self._lock:
+                return await asyncio.to_thread(fn)
+        finally:
+            self._queued -= 1
+
+    async def inline(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on the loop, after the calls before it."""
+        self._queued += 1
+        try:
+            async with self._lock:
+                return fn()
+        finally:
+            self._queued -= 1
+
+
+_paused = 0
+_paused_lock = threading.Lock()
+_was_enabled = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cycle collector while building and dropping many acyclic objects in a
+    worker thread.  A full collection holds the GIL while it walks every live object, so the
+    loop waits it out; pausing is bounded by the work (one request of bounded size).  Nested
+    and concurrent pauses share one; the collector's state before the first is restored
+    after the last, so a host program that disabled it keeps it disabled."""
+    global _paused, _was_enabled
+    with _paused_lock:
+        if not _paused:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _paused_lock:
+            _paused -= 1
+            if not _paused and _was_enabled:
+                gc.enable()

@@ -39,6 +39,8 @@ class BrokerContext:
         factory=weakref.WeakKeyDictionary)
     loop_lag: LoopLag = attrs.field(factory=LoopLag)  # watched while the broker serves
     stats: BrokerStats = attrs.field(factory=lambda: BrokerStats(boot_ms=0))
+    # Sends' puts, in arrival order, the large ones off the loop (see evq.net.execution).
+    puts: execution.InTurn = attrs.field(factory=execution.InTurn)
 
     @property
     def core(self) -> Broker:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
-from typing import Final, cast
+from typing import cast
+
+import attrs
 
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
-from evq.domain.broker import Broker, SendResult
-from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.broker import Broker
+from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
 from evq.domain.message import COMPRESS_OVER, Host, Message, waits_for_store
@@ -18,21 +19,17 @@ from evq.domain.sent import PlainMessage, SentEntry, sent_messages
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
-from evq.net.protocol import MAX_FRAME, RemotingCommand
+from evq.net.protocol import RemotingCommand
 from evq.net.send_header import SendHeader
 from evq.net.transport import Connection, Handler
-
-MAX_INFLATED_BATCH: Final = MAX_FRAME
-"""A compressed batch may inflate to what an uncompressed request could carry, no more: a
-1 MiB zlib bomb once asked for 2 GiB."""
 
 
 def messages_of(core: Broker, h: SendHeader, body: bytes, born_host: Host
                 ) -> list[PlainMessage] | list[Message]:
     """The request's messages for :meth:`Broker.put_plain` when it takes them all, else for
-    :meth:`Broker.put`.  Work in proportion to a batch's entries, so this runs off the loop
-    for large bodies (see :func:`evq.net.execution.sized`)."""
-    entries = entries_of(h, body)
+    :meth:`Broker.put`.  Work in proportion to a batch's entries: a large batch's runs off
+    the loop (see :func:`put_large_request`)."""
+    entries = entries_of(h, body, core.config.max_message_size)
     plain = core.plain_messages(h.topic, born_host, entries)
     if plain is not None:
         return plain
@@ -40,16 +37,21 @@ def messages_of(core: Broker, h: SendHeader, body: bytes, born_host: Host
                          born_host=born_host, reconsume_times=h.reconsume_times)
 
 
-def entries_of(h: SendHeader, body: bytes) -> list[SentEntry]:
-    """The request's messages as sent; a batch is decoded (and inflated) here."""
+def entries_of(h: SendHeader, body: bytes, limit: int) -> list[SentEntry]:
+    """The request's messages as sent; a batch is decoded (and inflated) here.  A batch's
+    whole body is held to ``limit`` (maxMessageSize), as RocketMQ holds it, inflated or not:
+    a 1 MiB zlib bomb once asked for 2 GiB, and a frame of empty messages held the loop."""
     sysflag = h.sys_flag
     if not h.batch:
         return [(h.flag, body, sysflag, h.properties)]
     if len(h.topic) > tp.MAX_TOPIC_LENGTH:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "topic of a batch is too long")
+    if len(body) > limit:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          f"batch body size {len(body)} exceeds the maximum {limit}")
     try:
         if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
-            body = inflate(body, MAX_INFLATED_BATCH)
+            body = inflate(body, limit)
         entries = split_batch(body)
     except (RecordError, InflateError) as exc:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
@@ -62,74 +64,111 @@ def entries_of(h: SendHeader, body: bytes) -> list[SentEntry]:
             for flag, b, props in entries]
 
 
-async def durable(ctx: BrokerContext, result: SendResult) -> SendResult:
+@attrs.define(slots=True)
+class Stored:
+    """What a send's answer, its waits and the broker's stats take from its put.  Taken where
+    the put ran (a worker thread for a large one), so that the loop never holds a large
+    batch's objects, nor pays for collecting them.  Not frozen: one is built per send, and a
+    frozen class's constructor costs a microsecond more; nothing changes one once made."""
+
+    status: PutStatus
+    queue_id: int
+    queue_offset: int
+    end_offset: int
+    msg_id: str | None  # None: nothing was stored, the answer is a refusal
+    count: int
+    size: int
+    wait: bool  # the producer waits for the store (WAIT), read before routing strips it
+
+    @property
+    def code(self) -> ResponseCode:
+        return PUT_STATUS_CODES[self.status]
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+
+def put_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> Stored:
+    """One send request's messages, put, and what the answer needs of the put."""
+    sent = messages_of(core, h, body, born_host)
+    if isinstance(sent[0], PlainMessage):  # the common case: nothing to route
+        plain = cast("list[PlainMessage]", sent)
+        wait = any([m.wait for m in plain])
+        result = core.put_plain(h.topic, plain, queue_id=h.queue_id,
+                                born_timestamp=h.born_timestamp, born_host=born_host,
+                                reconsume_times=h.reconsume_times,
+                                default_topic=h.default_topic,
+                                default_topic_queue_nums=h.default_topic_queue_nums)
+    else:
+        messages = cast("list[Message]", sent)
+        wait = any([waits_for_store(m.properties) for m in messages])
+        result = core.put(messages, default_topic=h.default_topic,
+                          default_topic_queue_nums=h.default_topic_queue_nums,
+                          max_reconsume_times=h.max_reconsume_times)
+    appended = result.appended
+    if not appended or appended[0].physical_offset < 0:
+        return Stored(result.status, result.queue_id, -1, 0, None, 0, 0, wait)
+    return Stored(result.status, result.queue_id, result.queue_offset, result.end_offset,
+                  result.msg_id, len(appended), sum([a.size for a in appended]), wait)
+
+
+def put_large_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> Stored:
+    """:func:`put_request` for a large batch, in a worker thread with the cycle collector
+    paused: a 4 MiB batch of empty messages makes about a million objects, and each full
+    collection while they live (one per quarter of growth) held the GIL, so the loop, for up
+    to 0.16 s.  They are acyclic; reference counting frees them before this returns."""
+    with execution.collector_paused():
+        return put_request(core, h, body, born_host)
+
+
+async def durable(ctx: BrokerContext, stored: Stored) -> Stored:
     """Wait for the flush policy without blocking the loop (group commit, one flusher request
     a round).  Under ASYNC_FLUSH there is nothing to wait for, and no thread hop is paid."""
-    if not result.ok or ctx.durable is None:
-        return result
-    if await ctx.durable.wait(result.end_offset):
-        return result
-    return SendResult(PutStatus.FLUSH_DISK_TIMEOUT, result.topic, result.queue_id,
-                      result.appended)
+    if not stored.ok or ctx.durable is None:
+        return stored
+    if await ctx.durable.wait(stored.end_offset):
+        return stored
+    return attrs.evolve(stored, status=PutStatus.FLUSH_DISK_TIMEOUT)
 
 
-async def replicated(ctx: BrokerContext, result: SendResult, wait: bool = True) -> SendResult:
+async def replicated(ctx: BrokerContext, stored: Stored) -> Stored:
     """SYNC_MASTER: acknowledge only what a slave holds (RocketMQ's handleHA); the message
     is stored either way, the code tells the producer whether a slave has it."""
-    if ctx.replicated is None or not result.ok or not wait:
-        return result
-    status = await ctx.replicated(result.end_offset, ctx.core.config.sync_flush_timeout_ms / 1000)
+    if ctx.replicated is None or not stored.ok or not stored.wait:
+        return stored
+    status = await ctx.replicated(stored.end_offset, ctx.core.config.sync_flush_timeout_ms / 1000)
     if status is PutStatus.PUT_OK:
-        return result
-    return SendResult(status, result.topic, result.queue_id, result.appended)
+        return stored
+    return attrs.evolve(stored, status=status)
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
-        core, born_host = ctx.core, parse_host(conn.peer)
-        # A single message's body is taken as it is (no work, no coroutine); a batch's is
-        # decoded, maybe inflated.
-        sent = (await execution.sized(len(cmd.body), messages_of, core, h, cmd.body, born_host)
-                if h.batch else messages_of(core, h, cmd.body, born_host))
-        put: Callable[[], SendResult]
-        if isinstance(sent[0], PlainMessage):  # the common case: nothing to route
-            plain = cast("list[PlainMessage]", sent)
-            wait = any([m.wait for m in plain])
-
-            def put() -> SendResult:
-                return core.put_plain(h.topic, plain, queue_id=h.queue_id,
-                                      born_timestamp=h.born_timestamp, born_host=born_host,
-                                      reconsume_times=h.reconsume_times,
-                                      default_topic=h.default_topic,
-                                      default_topic_queue_nums=h.default_topic_queue_nums)
-        else:
-            messages = cast("list[Message]", sent)
-            # Read before the broker routes (and strips) WAIT.
-            wait = any([waits_for_store(m.properties) for m in messages])
-
-            def put() -> SendResult:
-                return core.put(messages, default_topic=h.default_topic,
-                                default_topic_queue_nums=h.default_topic_queue_nums,
-                                max_reconsume_times=h.max_reconsume_times)
-
-        if core.put_writes_metadata(h.topic):  # creating a topic or group
-            result = await ctx.blocking(put)  # waits on disk: keep it off the loop
-            ctx.topics_changed()
-        else:
-            result = put()
+        core, born_host, body = ctx.core, parse_host(conn.peer), cmd.body
+        writes = core.put_writes_metadata(h.topic)  # creating a topic or group: waits on disk
+        if writes or (h.batch and len(body) >= execution.LARGE_WORK):
+            put = put_large_request if h.batch else put_request
+            stored = await ctx.puts.off_loop(lambda: put(core, h, body, born_host))
+            if writes:
+                ctx.topics_changed()
+        elif ctx.puts.busy:  # after the large put before it
+            stored = await ctx.puts.inline(lambda: put_request(core, h, body, born_host))
+        else:  # the common case: no thread hop, no coroutine
+            stored = put_request(core, h, body, born_host)
         if ctx.durable is not None or ctx.replicated is not None:  # else no coroutine to make
-            result = await replicated(ctx, await durable(ctx, result), wait)
-        if result.ok:
-            ctx.stats.messages_put += len(result.appended)
-            ctx.stats.bytes_put += sum([a.size for a in result.appended])
+            stored = await replicated(ctx, await durable(ctx, stored))
+        if stored.ok:
+            ctx.stats.messages_put += stored.count
+            ctx.stats.bytes_put += stored.size
         else:
             ctx.stats.puts_refused += 1
-        if not result.appended or result.appended[0].physical_offset < 0:
-            return cmd.response(result.code, ctx.core.refusal_remark(result.status))
-        return cmd.response(result.code, None, {  # strings already: no coercion per field
-            "msgId": result.msg_id, "queueId": str(result.queue_id),
-            "queueOffset": str(result.queue_offset), "MSG_REGION": "DefaultRegion",
+        if stored.msg_id is None:
+            return cmd.response(stored.code, ctx.core.refusal_remark(stored.status))
+        return cmd.response(stored.code, None, {  # strings already: no coercion per field
+            "msgId": stored.msg_id, "queueId": str(stored.queue_id),
+            "queueOffset": str(stored.queue_offset), "MSG_REGION": "DefaultRegion",
             "TRACE_ON": "true",
         })
 
