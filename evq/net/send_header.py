@@ -47,10 +47,12 @@ def field(code: int, fields: Mapping[str, str], name: str) -> str | None:
     return fields.get(_SHORT[name] if is_v2(code, fields) else name)
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class SendHeader:
     """What the send processor reads of a send header, typed; absent optional fields are
-    what RocketMQ's broker takes for them."""
+    what RocketMQ's broker takes for them.  Not frozen: one is parsed per send, and a frozen
+    class's constructor sets its eleven fields through ``object.__setattr__``; nothing
+    changes one once parsed."""
 
     topic: str
     queue_id: int

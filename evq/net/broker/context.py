@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -52,8 +53,10 @@ class BrokerContext:
         return await execution.blocking(fn, *args)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_host(address: str) -> Host:
-    """``"ip:port"`` from a connection or a client, as a record's host field."""
+    """``"ip:port"`` from a connection or a client, as a record's host field.  Cached: a
+    connection's every send names the same peer."""
     host, _, port = address.rpartition(":")
     try:
         return (host.strip("[]") or "0.0.0.0", int(port))

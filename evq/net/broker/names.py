@@ -9,6 +9,7 @@ where those bodies are parsed.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Final
 
 from evq.domain.groups import validate_group
@@ -30,14 +31,18 @@ def group_fields(cmd: RemotingCommand) -> tuple[str, ...]:
 def names_checked(handler: Handler) -> Handler:
     """``handler`` behind the group-name check; a refused name is answered SYSTEM_ERROR (as
     :func:`~evq.domain.groups.validate_group` says) and never reaches the processor.  An empty
-    field counts as absent, as the processors read it."""
+    field counts as absent, as the processors read it.
 
-    async def checked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+    The check is a plain function returning the handler's coroutine: it raises before the
+    handler starts, inside the dispatcher's ``await`` (which answers the refusal), and a
+    request pays no coroutine of its own for it."""
+
+    def checked(conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None]:
         fields = cmd.ext_fields
         for name in group_fields(cmd):
             value = fields.get(name)
             if value:
                 validate_group(value)
-        return await handler(conn, cmd)
+        return handler(conn, cmd)
 
     return checked
