@@ -114,29 +114,32 @@ class AppendResult:
         return offset_msg_id(self.store_host, self.physical_offset) if self.store_host else ""
 
 
-class AppendedRecords(Sequence[AppendResult]):
-    """What :meth:`MessageLog.append` may return instead of a list: results that also sum
-    themselves up for a send's answer (its status, end, bytes and msgIds) without making an
-    :class:`AppendResult` a record.  A backend that keeps its results compactly returns one
-    (the mmap store does); the broker reads any other sequence result by result."""
+class AppendedRecords:
+    """What :meth:`MessageLog.append` may return instead of a list: a sequence of results
+    that also sums itself up for a send's answer (its status, end, bytes and msgIds) without
+    making an :class:`AppendResult` a record.  A backend that keeps its results compactly
+    returns one (the mmap store does); the broker reads any other sequence result by result.
+
+    A plain class, not an ABC (its subclasses add ``Sequence``): the broker asks
+    ``isinstance`` of it several times a send, and ABCMeta's check runs Python code."""
 
     __slots__ = ()
 
-    @abc.abstractmethod
     def status(self) -> PutStatus:
         """The first refused record's status, else PUT_OK."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def end_offset(self) -> int:
         """The largest :attr:`AppendResult.end_offset` (0 when there are no results)."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def size(self) -> int:
         """The bytes appended: the sum of the results' sizes."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def msg_ids(self) -> str:
         """Each result's :attr:`AppendResult.msg_id`, comma-joined."""
+        raise NotImplementedError
 
 
 @attrs.frozen(slots=True)

@@ -23,7 +23,7 @@ REFUSED = (-2, 0, -1)
 """The place of a record refused for want of disk space (SERVICE_NOT_AVAILABLE)."""
 
 
-class AppendedBatch(AppendedRecords):
+class AppendedBatch(AppendedRecords, Sequence[AppendResult]):
     __slots__ = ("_host", "_places", "_store_timestamp")
 
     def __init__(self, places: list[tuple[int, int, int]], store_timestamp: int, host: bytes):
