@@ -639,7 +639,11 @@ class Broker:
     def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
         """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        result = self.put(batch, **kwargs)  # type: ignore[arg-type]
+        return self.durable(self.put(batch, **kwargs))  # type: ignore[arg-type]
+
+    def durable(self, result: SendResult) -> SendResult:
+        """``result`` once the log is durable to its end per the flush policy, or marked
+        FLUSH_DISK_TIMEOUT (embedded use: the network broker waits without blocking)."""
         if result.ok and not self.log.wait_durable(
             result.end_offset, self.config.sync_flush_timeout_ms / 1000
         ):

@@ -136,10 +136,16 @@ def sent_batch(body: bytes | memoryview, sysflag: int) -> list[SentEntry]:
     """A batch body's entries as single sends carry them: each stored record has its own
     compression flag, as a single send would, so bodies of :data:`COMPRESS_OVER` bytes or
     more are deflated here.  Malformed input raises :class:`~evq.domain.record.RecordError`."""
-    plain = sysflag & ~sf.COMPRESSED
-    return [(flag, zlib.compress(b, 5), plain | sf.COMPRESSED, props)
-            if len(b) >= COMPRESS_OVER else (flag, b, plain, props)
-            for flag, b, props in PURE.split_batch(body)]
+    return sent_entries(PURE.split_batch(body), sysflag & ~sf.COMPRESSED)
+
+
+def sent_entries(messages: Iterable[tuple[int, bytes, str]], sysflag: int = 0
+                 ) -> list[SentEntry]:
+    """``(flag, body, properties string)`` of messages sent with ``sysflag`` as a producer
+    sends them: bodies of :data:`COMPRESS_OVER` bytes or more deflated, and so flagged."""
+    return [(flag, zlib.compress(b, 5), sysflag | sf.COMPRESSED, props)
+            if len(b) >= COMPRESS_OVER else (flag, b, sysflag, props)
+            for flag, b, props in messages]
 
 
 PlainRecords = tuple[list[PutRecord], bool]
