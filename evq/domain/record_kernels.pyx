@@ -804,9 +804,12 @@ cdef tuple index_keys(const Parsed* e, bint rolled_back, uint32_t seed):
     return tuple(keys), tuple(hashes)
 
 
-def plain_records(list entries, str topic, queue_id, born_timestamp, born_host, store_host,
+def plain_records(sent, str topic, queue_id, born_timestamp, born_host, store_host,
                   reconsume_times, str cluster_entry, Py_ssize_t max_body):
     """evq.domain.sent.plain_records, compiled."""
+    # Our own list: it keeps every entry (and the strings ``parsed`` points into) alive while
+    # zlib, called for the CRCs, may let another thread change the caller's.
+    cdef list entries = list(sent)
     cdef Py_ssize_t count = len(entries), i, cluster_size, topic_size, plen, size
     cdef const uint8_t* cluster
     cdef const uint8_t* topic_raw
@@ -830,7 +833,7 @@ def plain_records(list entries, str topic, queue_id, born_timestamp, born_host, 
         raise MemoryError()
     try:
         for i in range(count):
-            if not read_plain((<tuple>entries[i])[3], &parsed[i], cluster_size):
+            if not read_plain((<tuple?>entries[i])[3], &parsed[i], cluster_size):
                 return None
             wait |= parsed[i].wait
         for i in range(count):
