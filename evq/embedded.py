@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
 from pathlib import Path
 
 import attrs
@@ -37,11 +38,20 @@ from evq.domain.filters import parse_subscription
 from evq.domain.hashing import java_hash
 from evq.domain.ids import new_uniq_keys
 from evq.domain.log import Dispatched, MessageLog, StoreUnavailable
-from evq.domain.message import Message, Prop, new_message
+from evq.domain.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    Message,
+    Prop,
+    PropertyError,
+    encode_properties,
+    new_message,
+)
 from evq.domain.metadata import MetadataStore
 from evq.domain.record import parse_offset_msg_id
 from evq.domain.retry import send_back
 from evq.domain.schedule import DelayService, TimerService
+from evq.domain.sent import SentEntry, sent_entries
 from evq.domain.transactions import TransactionService
 from evq.meta.sql import SqlMetadataStore
 
@@ -246,17 +256,58 @@ class Broker:
     ) -> SendResult:
         """Send one message; ``sharding_key`` keeps all messages of a key in one queue, in
         order (RocketMQ's orderly send with a hash selector)."""
-        m = self.message(topic, body, **fields)  # type: ignore[arg-type]
-        m.queue_id = self._queue_for(topic, queue_id, sharding_key)
-        return self._checked(self.core.send(m))
+        return self._send(topic, [body], self._queue_for(topic, queue_id, sharding_key), fields)
 
     def send_batch(self, topic: str, bodies: Iterable[bytes | str], *, queue_id: int = -1,
                    **fields: object) -> SendResult:
         """Several messages in one append: one queue, consecutive offsets."""
-        batch = self.messages(topic, bodies, **fields)  # type: ignore[arg-type]
-        if batch:
-            batch[0].queue_id = queue_id  # the broker puts the whole batch in its queue
-        return self._checked(self.core.send(batch))
+        return self._send(topic, list(bodies), queue_id, fields)
+
+    def _send(self, topic: str, bodies: list[bytes | str], queue_id: int,
+              fields: Mapping[str, object]) -> SendResult:
+        """Messages as :meth:`messages` makes them, put as a producer's request is (the plain
+        path when nothing routes them: no Message, no property map per message), then the
+        flush policy awaited."""
+        sent = self._sent(bodies, **fields)  # type: ignore[arg-type]
+        if sent is None:
+            batch = self.messages(topic, bodies, **fields)  # type: ignore[arg-type]
+            if batch:
+                batch[0].queue_id = queue_id  # the broker puts the whole batch in its queue
+            return self._checked(self.core.send(batch))
+        entries, now = sent
+        result, _ = self.core.put_sent(topic, entries, queue_id=queue_id, born_timestamp=now,
+                                       born_host=self.core.config.store_host)
+        return self._checked(self.core.durable(result))
+
+    def _sent(
+        self,
+        bodies: list[bytes | str],
+        *,
+        tags: str | None = None,
+        keys: Iterable[str] | str | None = None,
+        properties: Mapping[str, str] | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int | None = None,
+    ) -> tuple[list[SentEntry], int] | None:
+        """:meth:`messages`' messages as a send request's entries, and their born time; None
+        for a delay or a deliver-at time (they route), or properties the string cannot carry
+        (the Message path refuses them, where it always has)."""
+        if delay_level or deliver_at_ms is not None:
+            return None
+        shared = new_message("", b"", tags=tags, keys=keys, properties=properties).properties
+        try:
+            text = encode_properties(shared)
+        except PropertyError:
+            return None
+        now = self.core.clock.now_ms()
+        if Prop.UNIQ_KEY in shared:
+            texts: Iterable[str] = repeat(text)
+        else:  # each message's key, last, as messages() sets it
+            head = f"{text}{Prop.UNIQ_KEY}{NAME_VALUE_SEPARATOR}"
+            texts = [f"{head}{key}{PROPERTY_SEPARATOR}"
+                     for key in new_uniq_keys(now, len(bodies))]
+        encoded = [b.encode() if isinstance(b, str) else b for b in bodies]
+        return sent_entries(zip(repeat(0), encoded, texts)), now
 
     def send_transactional(
         self, topic: str, body: bytes | str, producer_group: str,

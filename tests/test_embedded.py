@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -9,13 +10,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import evq
 from evq.backends.config import StoreConfig
+from evq.domain.broker import SendResult
 from evq.domain.clock import ManualClock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.log import StoreUnavailable
-from evq.domain.message import Prop
+from evq.domain.message import COMPRESS_OVER, Prop
 from evq.embedded import Broker
 
 
@@ -166,3 +170,61 @@ def test_a_waiting_subscriber_wakes_for_a_send_from_another_thread(tmp_path: Pat
         assert not consumer.is_alive() and time.monotonic() - started < 20.0
         assert got == [b"wake up"]
         assert b._arrivals._watchers == 0  # stopped listening with the iterator
+
+
+_FIELD_TEXT = st.text(st.characters(codec="utf-8"), max_size=8)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=16) | st.text(max_size=4)
+                    | st.sampled_from([b"z" * (COMPRESS_OVER - 1), "z" * COMPRESS_OVER]),
+                    max_size=3),
+    tags=st.none() | _FIELD_TEXT,
+    keys=st.none() | _FIELD_TEXT | st.lists(_FIELD_TEXT, max_size=3),
+    properties=st.none() | st.dictionaries(
+        _FIELD_TEXT | st.sampled_from([Prop.UNIQ_KEY, Prop.WAIT, Prop.TAGS, Prop.DELAY]),
+        _FIELD_TEXT, max_size=3),
+    queue_id=st.integers(-1, 1),
+)
+def test_send_batch_stores_what_the_message_path_stores(
+    broker: Broker, bodies: list[bytes | str], tags: str | None,
+    keys: str | list[str] | None, properties: dict[str, str] | None, queue_id: int,
+) -> None:
+    """send_batch (the plain path when nothing routes) against the broker's Message path
+    for the messages :meth:`Broker.messages` makes: the same records but for where the log
+    put them and each UNIQ_KEY (a counter), or the same error."""
+    broker.create_topic("t", queues=2)
+    fields = {"tags": tags, "keys": keys, "properties": properties}
+
+    def general() -> SendResult:
+        batch = broker.messages("t", bodies, **fields)  # type: ignore[arg-type]
+        if batch:
+            batch[0].queue_id = queue_id
+        return broker.core.send(batch)
+
+    user_key = properties is not None and Prop.UNIQ_KEY in properties
+    random.seed(7)
+    expected = _stored_or_error(broker, general, user_key)
+    random.seed(7)
+    got = _stored_or_error(broker, lambda: broker.send_batch(
+        "t", bodies, queue_id=queue_id, **fields), user_key)  # type: ignore[arg-type]
+    assert got == expected
+
+
+def _stored_or_error(broker: Broker, send: Callable[[], SendResult], user_key: bool) -> object:
+    """The stored messages (a made UNIQ_KEY only as its length, properties in their stored
+    order), or the type of the error raised."""
+    try:
+        result = send()
+    except Exception as exc:  # the comparison is the point: any type must match
+        return type(exc)
+    out = []
+    for a in result.appended:
+        m = broker.core.view_by_offset(a.physical_offset)
+        uniq = m.properties.pop(Prop.UNIQ_KEY, None)
+        out.append((result.queue_id, m.topic, m.body, m.sysflag, m.flag, m.born_timestamp,
+                    m.born_host, list(m.properties.items()),
+                    uniq if user_key or uniq is None else len(uniq)))
+    return result.status, out

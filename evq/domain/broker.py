@@ -29,7 +29,7 @@ from evq.domain.delay import DelayLevels
 from evq.domain.groups import SubscriptionGroupConfig, validate_group
 from evq.domain.hashing import tags_code
 from evq.domain.locks import RebalanceLockManager
-from evq.domain.log import AppendResult, GetStatus, MessageLog, PutStatus
+from evq.domain.log import AppendedRecords, AppendResult, GetStatus, MessageLog, PutStatus
 from evq.domain.message import (
     MAX_PROPERTIES_BYTES,
     Host,
@@ -39,6 +39,7 @@ from evq.domain.message import (
     encode_properties,
     host_bytes,
     is_ipv6,
+    waits_for_store,
 )
 from evq.domain.metadata import (
     OFFSETS_RECORD_BODY,
@@ -62,13 +63,17 @@ from evq.domain.record import (
     TagsCodeFn,
     decode,
     encoded_record,
-    index_keys_of,
-    pack_v4,
     put_record,
-    put_record_of,
     read_fields,
 )
-from evq.domain.sent import PlainMessage, SentEntry, cluster_property, plain_message
+from evq.domain.sent import (
+    SentEntry,
+    body_too_large,
+    cluster_property,
+    plain_records,
+    properties_too_long,
+    sent_messages,
+)
 
 if TYPE_CHECKING:
     from evq.domain.filters import Subscription
@@ -76,7 +81,6 @@ if TYPE_CHECKING:
 log = logs.get_logger(__name__)
 
 _META_READ_BATCH = 256
-_NOT_HOST_BITS = ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)  # encoding derives them from the hosts
 
 
 def tags_code_fn(levels: DelayLevels) -> TagsCodeFn:
@@ -98,12 +102,14 @@ def tags_code_fn(levels: DelayLevels) -> TagsCodeFn:
 
 @attrs.frozen(slots=True)
 class SendResult:
-    """What a send stored; ``code`` is the RocketMQ response code for ``status``."""
+    """What a send stored; ``code`` is the RocketMQ response code for ``status``.  The
+    summaries come from the log's :class:`~evq.domain.log.AppendedRecords` when it returns
+    one (no result object a record), else from the results one by one."""
 
     status: PutStatus
     topic: str
     queue_id: int
-    appended: tuple[AppendResult, ...]
+    appended: Sequence[AppendResult]
 
     @property
     def code(self) -> ResponseCode:
@@ -117,8 +123,8 @@ class SendResult:
     def msg_id(self) -> str:
         """Offset msgIds of every stored message, comma-joined as RocketMQ answers a batch."""
         appended = self.appended
-        if len(appended) == 1:  # a single send: no join
-            return appended[0].msg_id
+        if isinstance(appended, AppendedRecords):
+            return appended.msg_ids()
         return ",".join([a.msg_id for a in appended])
 
     @property
@@ -129,9 +135,17 @@ class SendResult:
     def end_offset(self) -> int:
         """The log offset a durability (or slave) wait must reach."""
         appended = self.appended
-        if len(appended) == 1:  # a single send: no list to build
-            return appended[0].end_offset
+        if isinstance(appended, AppendedRecords):
+            return appended.end_offset()
         return max([a.end_offset for a in appended], default=0)
+
+    @property
+    def size(self) -> int:
+        """The bytes stored."""
+        appended = self.appended
+        if isinstance(appended, AppendedRecords):
+            return appended.size()
+        return sum([a.size for a in appended])
 
 
 @attrs.frozen(slots=True)
@@ -183,9 +197,10 @@ class Broker:
         self.clock = clock
         self.delay_levels = DelayLevels.parse(self.config.message_delay_level)
         self._code = tags_code_fn(self.delay_levels)
-        # The plain put path's CLUSTER entry; None turns that path off (see plain_messages).
+        # The plain put path's CLUSTER entry; None turns that path off (see put_sent).
         self._cluster_entry = (None if is_ipv6(self.config.store_host)
                                else cluster_property(self.config.broker_cluster_name))
+        self._store_host = host_bytes(self.config.store_host)
         self._meta = metadata
         self._lock = threading.RLock()
         self._state = MetadataState()
@@ -570,28 +585,10 @@ class Broker:
             records.append(encoded_record(m, text, code(m.topic, m.properties, now)))
         return records
 
-    def plain_messages(self, topic: str, born_host: Host, entries: Iterable[SentEntry]
-                       ) -> list[PlainMessage] | None:
-        """A send's entries for :meth:`put_plain`, or None when any of them (or the send as
-        a whole) needs :meth:`put`: a retry topic (its messages may go to the DLQ), an IPv6
-        host, a cluster name the properties string cannot carry, or a message
-        :func:`~evq.domain.sent.plain_message` refuses.  Decides before anything is stored or
-        created, so the caller can still take the other path."""
-        cluster_entry = self._cluster_entry
-        if cluster_entry is None or topic.startswith(tp.RETRY_PREFIX) or is_ipv6(born_host):
-            return None
-        plain = []
-        for entry in entries:
-            m = plain_message(entry, cluster_entry)
-            if m is None:
-                return None
-            plain.append(m)
-        return plain
-
-    def put_plain(
+    def put_sent(
         self,
         topic: str,
-        messages: Sequence[PlainMessage],
+        entries: Sequence[SentEntry],
         *,
         queue_id: int,
         born_timestamp: int,
@@ -599,34 +596,42 @@ class Broker:
         reconsume_times: int = 0,
         default_topic: str = tp.AUTO_CREATE_TOPIC,
         default_topic_queue_nums: int = 4,
-    ) -> SendResult:
-        """:meth:`put` for messages :meth:`plain_messages` took: the same checks, in the same
-        order, and the same records, encoded straight from the request's fields.  Header
-        values are the protocol's (Java ints and longs)."""
-        if not messages:
+        max_reconsume_times: int | None = None,
+    ) -> tuple[SendResult, bool]:
+        """A send request's messages as sent (header values are the protocol's, Java ints
+        and longs), stored as :meth:`put` stores them, and whether the producer waits for the
+        store (``WAIT``, read before routing drops it).
+
+        The plain path (:func:`~evq.domain.sent.plain_records`) takes the send when no
+        message needs routing; else the Message path does, on the queue already chosen.  Not
+        for a retry topic (its messages may go to the DLQ), an IPv6 host or a cluster name
+        the properties string cannot carry.
+        """
+        if not entries:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "nothing to send")
         queue_id = self._send_queue(topic, queue_id, default_topic, default_topic_queue_nums)
-        for m in messages:
-            self._check_body_size(len(m.body))
-        now = self.clock.now_ms()
-        code, topic_raw = self._code, topic.encode()
-        born, store = host_bytes(born_host), host_bytes(self.config.store_host)
-        records = []
-        for m in messages:
-            props = m.properties
-            if len(props) > MAX_PROPERTIES_BYTES:
-                raise _properties_too_long()
-            sysflag, names = m.sysflag, m.names
-            data = pack_v4(topic_raw, props, m.body, queue_id, m.flag, 0, 0,
-                           sysflag & _NOT_HOST_BITS, born_timestamp, born, 0, store,
-                           reconsume_times, 0)
-            records.append(put_record_of(data, topic, queue_id, sysflag,
-                                         code(topic, names, now), index_keys_of(names, sysflag)))
-        return self._appended(topic, queue_id, records)
+        cluster_entry = self._cluster_entry
+        if not (cluster_entry is None or topic.startswith(tp.RETRY_PREFIX)
+                or is_ipv6(born_host)):
+            plain = plain_records(entries, topic, queue_id, born_timestamp,
+                                  host_bytes(born_host), self._store_host, reconsume_times,
+                                  cluster_entry, self.config.max_message_size)
+            if plain is not None:
+                records, wait = plain
+                return self._appended(topic, queue_id, records), wait
+        messages = sent_messages(topic, entries, queue_id=queue_id,
+                                 born_timestamp=born_timestamp, born_host=born_host,
+                                 reconsume_times=reconsume_times)
+        wait = any([waits_for_store(m.properties) for m in messages])
+        return self.put(messages, default_topic=default_topic,
+                        default_topic_queue_nums=default_topic_queue_nums,
+                        max_reconsume_times=max_reconsume_times), wait
 
     def _appended(self, topic: str, queue_id: int, records: list[PutRecord]) -> SendResult:
         """Append a send's records; the first refusal among them is the send's status."""
-        results = tuple(self.log.append(records))
+        results = self.log.append(records)
+        if isinstance(results, AppendedRecords):
+            return SendResult(results.status(), topic, queue_id, results)
         status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
                       PutStatus.PUT_OK)
         return SendResult(status, topic, queue_id, results)
@@ -634,7 +639,11 @@ class Broker:
     def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
         """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
-        result = self.put(batch, **kwargs)  # type: ignore[arg-type]
+        return self.durable(self.put(batch, **kwargs))  # type: ignore[arg-type]
+
+    def durable(self, result: SendResult) -> SendResult:
+        """``result`` once the log is durable to its end per the flush policy, or marked
+        FLUSH_DISK_TIMEOUT (embedded use: the network broker waits without blocking)."""
         if result.ok and not self.log.wait_durable(
             result.end_offset, self.config.sync_flush_timeout_ms / 1000
         ):
@@ -659,9 +668,7 @@ class Broker:
 
     def _check_body_size(self, size: int) -> None:
         if size > self.config.max_message_size:
-            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                              f"message body size {size} exceeds the maximum "
-                              f"{self.config.max_message_size}")
+            raise body_too_large(size, self.config.max_message_size)
 
     def route(self, m: Message, max_reconsume_times: int | None = None) -> Message:
         """Where a sent message is really stored: retry overflow goes to the DLQ, half
@@ -992,12 +999,7 @@ def _check_properties_size(text: str) -> None:
     """What is stored is what counts: routing's additions (CLUSTER, REAL_TOPIC, ...) too."""
     # A code point is at most 4 UTF-8 bytes: short texts need no encoding to be measured.
     if len(text) * 4 > MAX_PROPERTIES_BYTES and len(text.encode()) > MAX_PROPERTIES_BYTES:
-        raise _properties_too_long()
-
-
-def _properties_too_long() -> BrokerError:
-    return BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                       f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+        raise properties_too_long()
 
 
 def _is_half(m: Message) -> bool:

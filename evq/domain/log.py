@@ -114,6 +114,34 @@ class AppendResult:
         return offset_msg_id(self.store_host, self.physical_offset) if self.store_host else ""
 
 
+class AppendedRecords:
+    """What :meth:`MessageLog.append` may return instead of a list: a sequence of results
+    that also sums itself up for a send's answer (its status, end, bytes and msgIds) without
+    making an :class:`AppendResult` a record.  A backend that keeps its results compactly
+    returns one (the mmap store does); the broker reads any other sequence result by result.
+
+    A plain class, not an ABC (its subclasses add ``Sequence``): the broker asks
+    ``isinstance`` of it several times a send, and ABCMeta's check runs Python code."""
+
+    __slots__ = ()
+
+    def status(self) -> PutStatus:
+        """The first refused record's status, else PUT_OK."""
+        raise NotImplementedError
+
+    def end_offset(self) -> int:
+        """The largest :attr:`AppendResult.end_offset` (0 when there are no results)."""
+        raise NotImplementedError
+
+    def size(self) -> int:
+        """The bytes appended: the sum of the results' sizes."""
+        raise NotImplementedError
+
+    def msg_ids(self) -> str:
+        """Each result's :attr:`AppendResult.msg_id`, comma-joined."""
+        raise NotImplementedError
+
+
 @attrs.frozen(slots=True)
 class ReadResult:
     """A pull's worth of raw records from one queue.
@@ -201,8 +229,9 @@ class MessageLog(abc.ABC):
         Each gets its physical offset, the next queue offset of its (topic, queue) (prepared
         and rollback transaction records get queue offset 0 and no ConsumeQueue entry) and a
         store timestamp; those fields are patched into the bytes.  Durability is *not* awaited:
-        see :meth:`wait_durable`.  Any sequence will do (a list, or one that makes each result
-        when it is read, as the mmap backend's does).
+        see :meth:`wait_durable`.  Any sequence will do (a list, or an
+        :class:`AppendedRecords` that makes each result when it is read, as the mmap
+        backend's does).
 
         A full disk never raises: the records it could not take are SERVICE_NOT_AVAILABLE
         (see :attr:`disk_status`), and nothing of them is kept.

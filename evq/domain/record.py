@@ -347,6 +347,12 @@ def offset_msg_id(store_host: Host | bytes, physical_offset: int) -> str:
     return (raw + physical_offset.to_bytes(8, "big")).hex().upper()
 
 
+def offset_msg_ids(store_host: bytes, offsets: Iterable[int]) -> str:
+    """The offset msgIds of records at ``offsets`` on ``store_host``, comma-joined as
+    RocketMQ answers a batch; a negative offset (a record the log refused) has an empty id."""
+    return ",".join([offset_msg_id(store_host, o) if o >= 0 else "" for o in offsets])
+
+
 def parse_offset_msg_id(msg_id: str) -> tuple[Host, int]:
     """Inverse of :func:`offset_msg_id`; 32 hex chars are IPv4, 56 IPv6."""
     if len(msg_id) not in (32, 56):
@@ -484,10 +490,11 @@ class Codec:
     pack_v4: Callable[..., bytes]
     read_fields: Callable[..., Fields]
     encode_batch: Callable[[Iterable[Message]], bytes]
+    offset_msg_ids: Callable[[bytes, Iterable[int]], str]
 
 
 PURE = Codec(decode, iter_records, decode_records, split_batch, pack_v4, read_fields,
-             encode_batch)
+             encode_batch, offset_msg_ids)
 PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
 """Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
 
@@ -502,21 +509,24 @@ def _compiled_kernels() -> ModuleType | None:
     except ImportError:
         return None
     record_kernels.bind(record_error=RecordError, message=Message, fields=Fields,
-                        host_text=_ip_text, properties_text=encode_properties,
-                        struct_error_type=struct.error)
+                        put_record=PutRecord, host_text=_ip_text,
+                        properties_text=encode_properties, struct_error_type=struct.error)
     return record_kernels
 
 
-_kernels = _compiled_kernels()
-COMPILED = None if _kernels is None else Codec(
-    _kernels.decode, _kernels.iter_records, _kernels.decode_records, _kernels.split_batch,
-    _kernels.pack_v4, _kernels.read_fields, _kernels.encode_batch)
+KERNELS = _compiled_kernels()
+"""The compiled kernels' module, or None: :mod:`evq.domain.sent` takes its plain put path
+from there."""
+COMPILED = None if KERNELS is None else Codec(
+    KERNELS.decode, KERNELS.iter_records, KERNELS.decode_records, KERNELS.split_batch,
+    KERNELS.pack_v4, KERNELS.read_fields, KERNELS.encode_batch, KERNELS.offset_msg_ids)
 """The compiled codec, or None where it is not built or not wanted."""
 CODEC = COMPILED or PURE
 """The codec this process runs; the module's names below are its functions."""
-decode, iter_records, decode_records, split_batch, pack_v4, read_fields, encode_batch = (
+(decode, iter_records, decode_records, split_batch, pack_v4, read_fields, encode_batch,
+ offset_msg_ids) = (
     CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.split_batch, CODEC.pack_v4,
-    CODEC.read_fields, CODEC.encode_batch)
+    CODEC.read_fields, CODEC.encode_batch, CODEC.offset_msg_ids)
 
 
 def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
@@ -541,6 +551,7 @@ __all__ = [
     "encoded_record",
     "iter_records",
     "offset_msg_id",
+    "offset_msg_ids",
     "parse_offset_msg_id",
     "put_record",
     "put_record_of",

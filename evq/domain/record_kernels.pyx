@@ -1,14 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled kernels of the stored-record codec: the same functions as the pure-Python ones in
-:mod:`evq.domain.record`, which stay the reference and the fallback (see that module's end).
+"""Compiled kernels of the stored-record codec and of the send path: the same functions as the
+pure-Python ones in :mod:`evq.domain.record` and :mod:`evq.domain.sent`, which stay the
+reference and the fallback (see the end of each).
 
 Only the per-record loops live here, typed and reading the buffer directly: compiling whole
 modules as they are made the broker slower (bigger code, colder caches), so everything else
 stays Python.  Each kernel must give what its pure twin gives, byte for byte and error type for
-error type; tests/domain/test_record_kernels.py checks that over the whole input space.
+error type; tests/domain/test_record_kernels.py and tests/domain/test_sent.py check that over
+the whole input space.
 
-The module imports nothing from evq: :func:`bind` hands it the classes and helpers it builds
-on, once, when evq.domain.record loads it (so there is no import cycle to get wrong).
+The module imports nothing from evq: :func:`bind` and :func:`bind_sent` hand it the classes
+and helpers it builds on, once, when evq.domain.record and evq.domain.sent load it (so there
+is no import cycle to get wrong).
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_CheckExact
@@ -16,6 +19,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport (
@@ -36,6 +40,10 @@ cdef extern from "Python.h":
     enum: PyBUF_READ
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyLong_CheckExact(object)
+    const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
+    object PyUnicode_New(Py_ssize_t, Py_UCS4)
+    void* PyUnicode_DATA(object)
+    unsigned long long PyLong_AsUnsignedLongLong(object) except? <unsigned long long>-1
 
 # Layout constants: the same numbers as evq.domain.record's (its module docstring draws them).
 cdef enum:
@@ -47,18 +55,27 @@ cdef enum:
     BORNHOST_V6 = 0x1 << 4
     STOREHOST_V6 = 0x1 << 5
     HOST_CACHE_LIMIT = 4096
+    COMPRESSED = 0x1  # evq.domain.sysflag's
+    COMPRESS_OVER = 4096  # evq.domain.message's: a batch entry's body this long is deflated
+    TRANSACTION_MASK = 0xC
+    TRANSACTION_ROLLBACK_TYPE = 0xC
+    MAX_PROPERTIES_BYTES = 32767
+    FEW_NAMES = 16  # up to this many properties, repeats are found by comparing pairs
 
 # Bound by bind(): evq's classes and the pure helpers the kernels share.
 cdef object RecordError = None
 cdef object struct_error = None
 cdef type Message = None
 cdef type Fields = None
+cdef type PutRecord = None
 cdef list message_slots = []  # each class's slot descriptors, in the order set below
 cdef list fields_slots = []
+cdef list put_record_slots = []
 cdef object ip_text = None  # bytes -> str, the pure module's cached ipaddress round trip
 cdef object encode_properties = None
 
 cdef object crc32 = zlib.crc32
+cdef object compress = zlib.compress
 cdef object object_new = object.__new__
 cdef dict v4_hosts = {}  # the 8 stored bytes as an int -> (ip, port)
 cdef enum:
@@ -66,13 +83,13 @@ cdef enum:
 cdef list recent_texts = [(b"", "")] * TEXT_SLOTS  # (stored bytes, str), each replaced whole
 
 
-def bind(*, record_error, message, fields, host_text, properties_text,
+def bind(*, record_error, message, fields, put_record, host_text, properties_text,
          struct_error_type) -> None:
     """Hand the kernels the classes they build and raise, and the pure helpers they share
     (called once by evq.domain.record)."""
-    global RecordError, struct_error, Message, Fields, ip_text, encode_properties
+    global RecordError, struct_error, Message, Fields, PutRecord, ip_text, encode_properties
     RecordError, struct_error = record_error, struct_error_type
-    Message, Fields = message, fields
+    Message, Fields, PutRecord = message, fields, put_record
     ip_text, encode_properties = host_text, properties_text
     message_slots[:] = _slots(message, (
         "topic", "body", "flag", "properties", "queue_id", "sysflag", "born_timestamp",
@@ -81,6 +98,8 @@ def bind(*, record_error, message, fields, host_text, properties_text,
     fields_slots[:] = _slots(fields, (
         "size", "queue_id", "queue_offset", "physical_offset", "sysflag", "store_timestamp",
         "topic", "properties", "crc_ok"))
+    put_record_slots[:] = _slots(put_record, (
+        "data", "topic", "queue_id", "sysflag", "tags_code", "keys", "key_hashes"))
 
 
 cdef list _slots(type cls, tuple names):
@@ -376,6 +395,19 @@ def decode_records(buf, *, bint check_crc=True):
 
 def split_batch(body):
     """evq.domain.record.split_batch, compiled."""
+    return entries_of(body, None)
+
+
+def sent_batch(body, sysflag):
+    """evq.domain.sent.sent_batch, compiled: split_batch's walk, each entry as a send's."""
+    plain = sysflag & ~COMPRESSED
+    return entries_of(body, (plain, plain | COMPRESSED))
+
+
+cdef list entries_of(body, tuple sysflags):
+    """A batch body's entries: ``(flag, body, properties)``, or with ``sysflags`` (the
+    request's, without and with COMPRESSED) ``(flag, body as stored, sysflag, properties)``
+    as a single send carries them, bodies of COMPRESS_OVER bytes or more deflated."""
     cdef Reader reader = Reader(body)
     cdef const uint8_t* buf = reader.b.data
     cdef Py_ssize_t pos = 0, end = reader.b.size, size, blen, plen
@@ -394,8 +426,13 @@ def split_batch(body):
             props = utf8(buf + pos + 22 + blen, plen)
         except UnicodeDecodeError as exc:
             raise RecordError(f"undecodable batch properties at {pos}: {exc}") from None
-        entries.append((get32(buf + pos + 12),
-                        PyBytes_FromStringAndSize(<const char*>buf + pos + 20, blen), props))
+        entry_body = PyBytes_FromStringAndSize(<const char*>buf + pos + 20, blen)
+        if sysflags is None:
+            entries.append((get32(buf + pos + 12), entry_body, props))
+        elif blen >= COMPRESS_OVER:
+            entries.append((get32(buf + pos + 12), compress(entry_body, 5), sysflags[1], props))
+        else:
+            entries.append((get32(buf + pos + 12), entry_body, sysflags[0], props))
         pos += size
     return entries
 
@@ -515,3 +552,348 @@ def encode_batch(messages):
         memcpy(o + 2, PyBytes_AS_STRING(props), plen)
         o += 2 + plen
     return out
+
+
+# --- message ids ------------------------------------------------------------------------------
+
+
+cdef const char* HEX_DIGITS = b"0123456789ABCDEF"
+
+
+def offset_msg_ids(bytes store_host not None, offsets):
+    """evq.domain.record.offset_msg_ids, compiled: the hex written straight into the str."""
+    cdef Reader host = Reader(store_host)
+    cdef list offs = list(offsets)
+    cdef Py_ssize_t n = len(offs), width = 2 * (host.b.size + 8), total, i, k
+    cdef list stored = [offset >= 0 for offset in offs]
+    cdef uint8_t raw[8]
+    cdef uint8_t* o
+    cdef unsigned long long v
+    total = max(n - 1, 0) + width * sum(stored)
+    text = PyUnicode_New(total, 127)
+    o = <uint8_t*>PyUnicode_DATA(text)
+    for i in range(n):
+        if i:
+            o[0] = c","
+            o += 1
+        if not stored[i]:
+            continue
+        v = PyLong_AsUnsignedLongLong(offs[i])  # OverflowError past 8 bytes, as to_bytes
+        put64(raw, v)
+        for k in range(host.b.size):
+            o[0], o[1] = HEX_DIGITS[host.b.data[k] >> 4], HEX_DIGITS[host.b.data[k] & 15]
+            o += 2
+        for k in range(8):
+            o[0], o[1] = HEX_DIGITS[raw[k] >> 4], HEX_DIGITS[raw[k] & 15]
+            o += 2
+    return text
+
+
+# --- the plain put path -----------------------------------------------------------------------
+#
+# evq.domain.sent.plain_records, compiled: a send's messages that need no routing, from their
+# properties strings straight to PutRecords, one pass over each string.  The rules are that
+# function's (its pure twin is built from plain_message, pack_v4 and put_record_of); the strings
+# are read as UTF-8, where the separators are single ASCII bytes that no multi-byte character
+# contains, so splitting the bytes splits the text.
+
+# Bound by bind_sent(): the names the path looks for, and the refusals it raises.
+cdef bytes WAIT_NAME = b"", TAGS_NAME = b"", KEYS_NAME = b"", UNIQ_KEY_NAME = b""
+cdef tuple routed_names = ()
+cdef object body_too_large = None  # (size, limit) -> the exception to raise
+cdef object properties_too_long = None  # () -> the exception to raise
+cdef uint32_t crc_table[256]
+
+
+def bind_sent(*, routed, wait, tags, keys, uniq_key, body_error, properties_error) -> None:
+    """Hand the plain path the property names it acts on and the refusals it raises (called
+    once by evq.domain.sent)."""
+    global WAIT_NAME, TAGS_NAME, KEYS_NAME, UNIQ_KEY_NAME, routed_names
+    global body_too_large, properties_too_long
+    routed_names = tuple(sorted(name.encode() for name in routed))
+    WAIT_NAME, TAGS_NAME, KEYS_NAME = wait.encode(), tags.encode(), keys.encode()
+    UNIQ_KEY_NAME = uniq_key.encode()
+    body_too_large, properties_too_long = body_error, properties_error
+
+
+cdef void fill_crc_table() noexcept:
+    # zlib's CRC-32 (reflected 0xEDB88320): a table, as index keys are short and the call
+    # into zlib costs more than hashing one.
+    cdef uint32_t c
+    cdef int i, k
+    for i in range(256):
+        c = i
+        for k in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        crc_table[i] = c
+
+
+fill_crc_table()
+
+
+cdef inline uint32_t crc32_more(uint32_t crc, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """``zlib.crc32(p[:n], crc)``."""
+    cdef Py_ssize_t i
+    crc = ~crc
+    for i in range(n):
+        crc = crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8)
+    return ~crc
+
+
+cdef int32_t java_hash_utf8(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """Java's ``String.hashCode`` of the valid UTF-8 text ``p[:n]``: over UTF-16 code units,
+    so a character past U+FFFF counts as its two surrogates (evq.domain.hashing.java_hash)."""
+    cdef uint32_t h = 0, cp
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c
+    while i < n:
+        c = p[i]
+        if c < 0x80:
+            cp = c
+            i += 1
+        elif c < 0xE0:
+            cp = (<uint32_t>(c & 0x1F) << 6) | (p[i + 1] & 0x3F)
+            i += 2
+        elif c < 0xF0:
+            cp = (<uint32_t>(c & 0x0F) << 12) | (<uint32_t>(p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F)
+            i += 3
+        else:
+            cp = ((<uint32_t>(c & 0x07) << 18) | (<uint32_t>(p[i + 1] & 0x3F) << 12)
+                  | (<uint32_t>(p[i + 2] & 0x3F) << 6) | (p[i + 3] & 0x3F)) - 0x10000
+            h = 31 * h + (0xD800 + (cp >> 10))
+            cp = 0xDC00 + (cp & 0x3FF)
+            i += 4
+        h = 31 * h + cp
+    return <int32_t>h
+
+
+cdef struct Span:
+    const uint8_t* at
+    Py_ssize_t size
+
+
+cdef struct Parsed:
+    # One sent properties string read for the plain path.  Offsets are in the string with its
+    # last separator (added when the producer left it off, as Java does).
+    const uint8_t* text
+    Py_ssize_t size, stored_size
+    bint add_separator, wait
+    Py_ssize_t wait_at, wait_end  # the WAIT entry, separator included; wait_at -1: none
+    Span tags, keys, uniq_key  # at NULL: the property is absent
+
+
+cdef inline bint named(const uint8_t* p, Py_ssize_t n, bytes name) noexcept:
+    return n == len(name) and memcmp(p, PyBytes_AS_STRING(name), n) == 0
+
+
+cdef inline bint is_false(const uint8_t* p, Py_ssize_t n) noexcept:
+    # ``value.lower() == "false"``: no character outside ASCII lowercases to one of its letters.
+    return (n == 5 and (p[0] | 0x20) == c"f" and (p[1] | 0x20) == c"a"
+            and (p[2] | 0x20) == c"l" and (p[3] | 0x20) == c"s" and (p[4] | 0x20) == c"e")
+
+
+cdef bint read_plain(object text, Parsed* e, Py_ssize_t cluster_size) except -1:
+    """Read ``text`` into ``e``; False when the message needs the Message path (the rules of
+    evq.domain.sent.plain_message: every entry ``name\x01value`` with one name-value
+    separator and a non-empty name, names unique, none of them a routing property, no lone
+    surrogate)."""
+    cdef Py_ssize_t n, p = 0, q, last, count = 0, i, name_size
+    cdef const uint8_t* t
+    cdef const uint8_t* sep
+    cdef const uint8_t* end
+    cdef Span names[FEW_NAMES]
+    cdef set seen = None
+    try:
+        t = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
+    except UnicodeEncodeError:
+        return False  # a lone surrogate (a JSON header may escape one)
+    e.text, e.size, e.wait, e.wait_at = t, n, True, -1
+    e.tags.at = e.keys.at = e.uniq_key.at = NULL
+    e.add_separator = n > 0 and t[n - 1] != 2
+    e.stored_size = cluster_size
+    if n == 0:
+        return True
+    last = n if e.add_separator else n - 1  # where the last entry ends
+    while True:
+        end = <const uint8_t*>memchr(t + p, 2, last - p)
+        q = last if end == NULL else end - t
+        sep = <const uint8_t*>memchr(t + p, 1, q - p)
+        if sep == NULL or sep == t + p or memchr(sep + 1, 1, t + q - sep - 1) != NULL:
+            return False
+        name_size = sep - t - p
+        for i in range(len(routed_names)):
+            if named(t + p, name_size, <bytes>routed_names[i]):
+                return False
+        if count < FEW_NAMES:
+            for i in range(count):
+                if names[i].size == name_size and memcmp(names[i].at, t + p, name_size) == 0:
+                    return False
+            names[count].at, names[count].size = t + p, name_size
+        else:  # many names: a set, not pairs
+            if seen is None:
+                seen = set()
+                for i in range(FEW_NAMES):
+                    seen.add(PyBytes_FromStringAndSize(<const char*>names[i].at, names[i].size))
+            name = PyBytes_FromStringAndSize(<const char*>t + p, name_size)
+            if name in seen:
+                return False
+            seen.add(name)
+        count += 1
+        if named(t + p, name_size, WAIT_NAME):
+            e.wait_at, e.wait_end = p, q + 1
+            e.wait = not is_false(sep + 1, t + q - sep - 1)
+        elif named(t + p, name_size, TAGS_NAME):
+            e.tags.at, e.tags.size = sep + 1, t + q - sep - 1
+        elif named(t + p, name_size, KEYS_NAME):
+            e.keys.at, e.keys.size = sep + 1, t + q - sep - 1
+        elif named(t + p, name_size, UNIQ_KEY_NAME):
+            e.uniq_key.at, e.uniq_key.size = sep + 1, t + q - sep - 1
+        if q == last:
+            break
+        p = q + 1
+    e.stored_size += e.size + e.add_separator
+    if e.wait_at >= 0:
+        e.stored_size -= e.wait_end - e.wait_at
+    return True
+
+
+cdef uint8_t* put_stored_properties(uint8_t* o, const Parsed* e, const uint8_t* cluster,
+                                    Py_ssize_t cluster_size) noexcept:
+    """The string as stored: as sent, its last separator added, WAIT's entry taken out and
+    CLUSTER's appended.  Returns the end of what it wrote."""
+    if e.wait_at < 0:
+        memcpy(o, e.text, e.size)
+        o += e.size
+    else:
+        memcpy(o, e.text, e.wait_at)
+        o += e.wait_at
+        if e.wait_end < e.size:
+            memcpy(o, e.text + e.wait_end, e.size - e.wait_end)
+            o += e.size - e.wait_end
+    if e.add_separator and (e.wait_at < 0 or e.wait_end <= e.size):
+        o[0] = 2
+        o += 1
+    memcpy(o, cluster, cluster_size)
+    return o + cluster_size
+
+
+cdef tuple index_keys(const Parsed* e, bint rolled_back, uint32_t seed):
+    """``(keys, key hashes)``: evq.domain.record.index_keys_of and put_record_of's hashes."""
+    cdef list keys = []
+    cdef list hashes = []
+    cdef const uint8_t* p
+    cdef const uint8_t* end
+    cdef const uint8_t* space
+    if rolled_back:
+        return (), ()
+    if e.uniq_key.at != NULL and e.uniq_key.size:
+        keys.append(utf8(e.uniq_key.at, e.uniq_key.size))
+        hashes.append(crc32_more(seed, e.uniq_key.at, e.uniq_key.size) & 0x7FFFFFFF)
+    if e.keys.at != NULL:
+        p, end = e.keys.at, e.keys.at + e.keys.size
+        while p < end:
+            space = <const uint8_t*>memchr(p, 32, end - p)
+            if space == NULL:
+                space = end
+            if space > p:
+                keys.append(utf8(p, space - p))
+                hashes.append(crc32_more(seed, p, space - p) & 0x7FFFFFFF)
+            p = space + 1
+    if not keys:
+        return (), ()
+    return tuple(keys), tuple(hashes)
+
+
+def plain_records(sent, str topic, queue_id, born_timestamp, born_host, store_host,
+                  reconsume_times, str cluster_entry, Py_ssize_t max_body):
+    """evq.domain.sent.plain_records, compiled."""
+    # Our own list: it keeps every entry (and the strings ``parsed`` points into) alive while
+    # zlib, called for the CRCs, may let another thread change the caller's.
+    cdef list entries = list(sent)
+    cdef Py_ssize_t count = len(entries), i, cluster_size, topic_size, plen, size
+    cdef const uint8_t* cluster
+    cdef const uint8_t* topic_raw
+    cdef Parsed* parsed
+    cdef Parsed* e
+    cdef tuple entry
+    cdef Reader body
+    cdef uint8_t header[HEADER_V4_SIZE]
+    cdef uint8_t* o
+    cdef int32_t sysflag
+    cdef uint32_t seed
+    cdef bint wait = False
+    cdef list records = []
+    cdef list s = put_record_slots
+    try:
+        cluster = <const uint8_t*>PyUnicode_AsUTF8AndSize(cluster_entry, &cluster_size)
+    except UnicodeEncodeError:
+        return None
+    parsed = <Parsed*>PyMem_Malloc(count * sizeof(Parsed) + 1)
+    if parsed == NULL:
+        raise MemoryError()
+    try:
+        for i in range(count):
+            if not read_plain((<tuple?>entries[i])[3], &parsed[i], cluster_size):
+                return None
+            wait |= parsed[i].wait
+        for i in range(count):
+            size = len((<tuple>entries[i])[1])
+            if size > max_body:
+                raise body_too_large(size, max_body)
+        topic_raw = <const uint8_t*>PyUnicode_AsUTF8AndSize(topic, &topic_size)
+        seed = crc32_more(crc32_more(0, topic_raw, topic_size), <const uint8_t*>b"#", 1)
+        put32(header + 4, <uint32_t>MAGIC_V1)
+        put64(header + 20, 0)
+        put64(header + 28, 0)
+        for i in range(count):
+            e = &parsed[i]
+            entry = <tuple>entries[i]
+            plen = e.stored_size
+            if plen > MAX_PROPERTIES_BYTES:
+                raise properties_too_long()
+            body = Reader(entry[1])
+            size = HEADER_V4_SIZE + body.b.size + 1 + topic_size + 2 + plen
+            if size > INT32_MAX:
+                raise struct_error(f"argument out of range: {size}")
+            put32(header, <uint32_t>size)
+            put32(header + 8, <uint32_t>(crc32(entry[1]) & 0x7FFFFFFF))
+            # Each field checked as struct checks it, in its order: the same error first.
+            put32(header + 12, <uint32_t>integer(queue_id, INT32_MIN, INT32_MAX))
+            put32(header + 16, <uint32_t>integer(entry[0], INT32_MIN, INT32_MAX))
+            sysflag = <int32_t>integer(entry[2], INT32_MIN, INT32_MAX)
+            put32(header + 36, <uint32_t>(sysflag & ~(BORNHOST_V6 | STOREHOST_V6)))
+            put64(header + 40, <uint64_t>integer(born_timestamp, INT64_MIN, INT64_MAX))
+            host_field(header + 48, born_host)
+            put64(header + 56, 0)
+            host_field(header + 64, store_host)
+            put32(header + 72, <uint32_t>integer(reconsume_times, INT32_MIN, INT32_MAX))
+            put64(header + 76, 0)
+            put32(header + 84, <uint32_t>body.b.size)
+            if topic_size > 127:
+                raise IndexError("list index out of range")  # the pure twin's length-byte table
+            data = PyBytes_FromStringAndSize(NULL, size)
+            o = <uint8_t*>PyBytes_AS_STRING(data)
+            memcpy(o, header, HEADER_V4_SIZE)
+            o += HEADER_V4_SIZE
+            memcpy(o, body.b.data, body.b.size)
+            o += body.b.size
+            o[0] = <uint8_t>topic_size
+            memcpy(o + 1, topic_raw, topic_size)
+            o += 1 + topic_size
+            o[0] = <uint8_t>(plen >> 8)
+            o[1] = <uint8_t>plen
+            put_stored_properties(o + 2, e, cluster, cluster_size)
+            keys, hashes = index_keys(
+                e, (sysflag & TRANSACTION_MASK) == TRANSACTION_ROLLBACK_TYPE, seed)
+            r = object_new(PutRecord)
+            set_slot(s[0], r, data)
+            set_slot(s[1], r, topic)
+            set_slot(s[2], r, queue_id)
+            set_slot(s[3], r, entry[2])
+            set_slot(s[4], r, java_hash_utf8(e.tags.at, e.tags.size) if e.tags.at != NULL else 0)
+            set_slot(s[5], r, keys)
+            set_slot(s[6], r, hashes)
+            records.append(r)
+        return records, wait
+    finally:
+        PyMem_Free(parsed)

@@ -3,24 +3,31 @@
 A send (one message, or each entry of a batch) arrives as a flag, a body, a sysflag and a
 properties string.  Almost every one needs no routing: the broker drops ``WAIT``, appends
 ``CLUSTER`` and stores it under the topic it was sent to.  For those the put path works on
-the string itself (:func:`plain_message`): no :class:`~evq.domain.message.Message`, no
-property map decoded in Python and encoded again.  Everything else (a retry topic that may
-overflow to the DLQ, a transaction half, a delay level, a deliver-at time, a properties
-string the Message path would normalise) takes :func:`sent_messages`, the general path.
-The two store the same bytes for every message the plain path takes (tests/domain/
-test_sent.py proves it over the whole property space); so the plain path must refuse
-(return None) whenever it is not sure.
+the string itself (:func:`plain_records`): no :class:`~evq.domain.message.Message`, no
+property map decoded in Python and encoded again, and where the compiled kernels are built
+(evq/domain/record_kernels.pyx) one call from the request's entries to the records the log
+appends.  Everything else (a retry topic that may overflow to the DLQ, a transaction half, a
+delay level, a deliver-at time, a properties string the Message path would normalise) takes
+:func:`sent_messages`, the general path.  The two store the same bytes for every message the
+plain path takes (tests/domain/test_sent.py proves it over the whole property space); so the
+plain path must refuse (return None) whenever it is not sure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Final
 
 import attrs
 
+from evq.domain import sysflag as sf
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.hashing import tags_code
 from evq.domain.message import (
+    COMPRESS_OVER,
+    MAX_PROPERTIES_BYTES,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     Host,
@@ -29,6 +36,7 @@ from evq.domain.message import (
     decode_properties,
     waits_for_store,
 )
+from evq.domain.record import KERNELS, PURE, PutRecord, index_keys_of, put_record_of
 
 SentEntry = tuple[int, bytes, int, str]
 """``(flag, body as stored, sysflag, properties string)`` of one message of a send request."""
@@ -38,6 +46,19 @@ ROUTED: Final = frozenset({Prop.TRAN_MSG, Prop.DELAY, Prop.START_DELIVER_TIME, P
 (or make a batch illegal), and a CLUSTER the producer set is overwritten in place."""
 
 _split = str.split
+_NOT_HOST_BITS = ~(sf.BORNHOST_V6 | sf.STOREHOST_V6)  # encoding derives them from the hosts
+
+
+def body_too_large(size: int, limit: int) -> BrokerError:
+    """The refusal of a message body over maxMessageSize."""
+    return BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                       f"message body size {size} exceeds the maximum {limit}")
+
+
+def properties_too_long() -> BrokerError:
+    """The refusal of a properties string, as stored, over the record's limit."""
+    return BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                       f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
 
 @attrs.define(slots=True)
@@ -73,26 +94,26 @@ def plain_message(entry: SentEntry, cluster_entry: str) -> PlainMessage | None:
     Message path's pop, assignment and encoding, byte for byte.
     """
     flag, body, sysflag, text = entry
-    if not text:
-        return PlainMessage(flag, body, sysflag, cluster_entry.encode(), {}, True)
-    if text[-1] != PROPERTY_SEPARATOR:
-        text += PROPERTY_SEPARATOR  # as Java sends it
-    pieces = text[:-1].split(PROPERTY_SEPARATOR)
-    try:
-        # Built in C: a piece without exactly one name-value separator fails to unpack.
-        names = dict(map(_split, pieces, repeat(NAME_VALUE_SEPARATOR)))
-    except ValueError:
-        return None
-    if len(names) != len(pieces) or "" in names or not ROUTED.isdisjoint(names):
-        return None  # a repeated or empty name, or a property that routes
-    wait = names.get(Prop.WAIT)
-    if wait is not None:
-        # Names are unique and separators delimit entries, so this entry occurs once.
-        entry_text = f"{Prop.WAIT}{NAME_VALUE_SEPARATOR}{wait}{PROPERTY_SEPARATOR}"
-        if text.startswith(entry_text):
-            text = text[len(entry_text):]
-        else:
-            text = text.replace(PROPERTY_SEPARATOR + entry_text, PROPERTY_SEPARATOR, 1)
+    names: dict[str, str] = {}
+    if text:
+        if text[-1] != PROPERTY_SEPARATOR:
+            text += PROPERTY_SEPARATOR  # as Java sends it
+        pieces = text[:-1].split(PROPERTY_SEPARATOR)
+        try:
+            # Built in C: a piece without exactly one name-value separator fails to unpack.
+            names = dict(map(_split, pieces, repeat(NAME_VALUE_SEPARATOR)))
+        except ValueError:
+            return None
+        if len(names) != len(pieces) or "" in names or not ROUTED.isdisjoint(names):
+            return None  # a repeated or empty name, or a property that routes
+        wait = names.get(Prop.WAIT)
+        if wait is not None:
+            # Names are unique and separators delimit entries, so this entry occurs once.
+            entry_text = f"{Prop.WAIT}{NAME_VALUE_SEPARATOR}{wait}{PROPERTY_SEPARATOR}"
+            if text.startswith(entry_text):
+                text = text[len(entry_text):]
+            else:
+                text = text.replace(PROPERTY_SEPARATOR + entry_text, PROPERTY_SEPARATOR, 1)
     try:
         stored = (text + cluster_entry).encode()
     except UnicodeEncodeError:
@@ -109,3 +130,78 @@ def sent_messages(
                     queue_id=queue_id, sysflag=sysflag, born_timestamp=born_timestamp,
                     born_host=born_host, reconsume_times=reconsume_times)
             for flag, body, sysflag, text in entries]
+
+
+def sent_batch(body: bytes | memoryview, sysflag: int) -> list[SentEntry]:
+    """A batch body's entries as single sends carry them: each stored record has its own
+    compression flag, as a single send would, so bodies of :data:`COMPRESS_OVER` bytes or
+    more are deflated here.  Malformed input raises :class:`~evq.domain.record.RecordError`."""
+    return sent_entries(PURE.split_batch(body), sysflag & ~sf.COMPRESSED)
+
+
+def sent_entries(messages: Iterable[tuple[int, bytes, str]], sysflag: int = 0
+                 ) -> list[SentEntry]:
+    """``(flag, body, properties string)`` of messages sent with ``sysflag`` as a producer
+    sends them: bodies of :data:`COMPRESS_OVER` bytes or more deflated, and so flagged."""
+    return [(flag, zlib.compress(b, 5), sysflag | sf.COMPRESSED, props)
+            if len(b) >= COMPRESS_OVER else (flag, b, sysflag, props)
+            for flag, b, props in messages]
+
+
+PlainRecords = tuple[list[PutRecord], bool]
+"""The records of a send the plain path took, and whether its producer waits for the store
+(:func:`~evq.domain.message.waits_for_store` of any of its messages as sent)."""
+
+
+def plain_records(entries: Sequence[SentEntry], topic: str, queue_id: int, born_timestamp: int,
+                  born_host: bytes, store_host: bytes, reconsume_times: int,
+                  cluster_entry: str, max_body: int) -> PlainRecords | None:
+    """A send's records for the log when every message needs no routing (see
+    :func:`plain_message`), else None; the caller has resolved the queue and checked the
+    topic, and hands the IPv4 hosts as stored.  Bodies over ``max_body`` are refused, then
+    properties too long as stored, as :meth:`~evq.domain.broker.Broker.put` refuses them.
+    The tags code is the tag hash: a topic whose code is a due time takes no sends."""
+    plain = []
+    for entry in entries:
+        m = plain_message(entry, cluster_entry)
+        if m is None:
+            return None
+        plain.append(m)
+    for m in plain:
+        if len(m.body) > max_body:
+            raise body_too_large(len(m.body), max_body)
+    topic_raw = topic.encode()
+    records = []
+    for m in plain:
+        props = m.properties
+        if len(props) > MAX_PROPERTIES_BYTES:
+            raise properties_too_long()
+        sysflag, names = m.sysflag, m.names
+        data = PURE.pack_v4(topic_raw, props, m.body, queue_id, m.flag, 0, 0,
+                            sysflag & _NOT_HOST_BITS, born_timestamp, born_host, 0, store_host,
+                            reconsume_times, 0)
+        records.append(put_record_of(data, topic, queue_id, sysflag,
+                                     tags_code(names.get(Prop.TAGS)),
+                                     index_keys_of(names, sysflag)))
+    return records, any([m.wait for m in plain])
+
+
+@attrs.frozen(slots=True)
+class SentPath:
+    """One implementation of the send path's kernels: the pure functions above (the
+    reference) or their compiled twins."""
+
+    sent_batch: Callable[[bytes | memoryview, int], list[SentEntry]]
+    plain_records: Callable[..., PlainRecords | None]
+
+
+PURE_SENT = SentPath(sent_batch, plain_records)
+if KERNELS is not None:
+    KERNELS.bind_sent(routed=ROUTED, wait=Prop.WAIT, tags=Prop.TAGS, keys=Prop.KEYS,
+                      uniq_key=Prop.UNIQ_KEY, body_error=body_too_large,
+                      properties_error=properties_too_long)
+COMPILED_SENT = None if KERNELS is None else SentPath(KERNELS.sent_batch, KERNELS.plain_records)
+"""The compiled send path, or None where the kernels are not built or not wanted."""
+SENT = COMPILED_SENT or PURE_SENT
+"""The send path this process runs; the module's names above are its functions."""
+sent_batch, plain_records = SENT.sent_batch, SENT.plain_records

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from evq.backends.config import StoreConfig
 from evq.backends.flush import Flusher
-from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
+from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
     WARM_CHUNK,
@@ -48,13 +48,14 @@ def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
 _places = st.tuples(st.integers(0, 2**40), st.integers(91, 2**22), st.integers(0, 2**40))
 
 
-@given(st.lists(st.one_of(st.just(ILLEGAL), _places), max_size=6), st.integers(0, 2**41),
-       st.sampled_from([b"\x7f\0\0\1\0\0\x2a\x9f", bytes(20)]))
+@given(st.lists(st.one_of(st.sampled_from([ILLEGAL, REFUSED]), _places), max_size=6),
+       st.integers(0, 2**41), st.sampled_from([b"\x7f\0\0\1\0\0\x2a\x9f", bytes(20)]))
 def test_an_appended_batch_reads_as_the_list_of_its_results(
     places: list[tuple[int, int, int]], now: int, host: bytes
 ) -> None:
     expected = [
         AppendResult(PutStatus.MESSAGE_ILLEGAL) if p == ILLEGAL
+        else AppendResult(PutStatus.SERVICE_NOT_AVAILABLE) if p == REFUSED
         else AppendResult(PutStatus.PUT_OK, *p, now, host)
         for p in places
     ]
@@ -70,6 +71,36 @@ def test_an_appended_batch_reads_as_the_list_of_its_results(
         assert batch[-1].end_offset == expected[-1].end_offset
     with pytest.raises(IndexError):
         batch[len(batch)]
+
+
+@st.composite
+def _appended_places(draw: st.DrawFn) -> list[tuple[int, int, int]]:
+    """Places as one append makes them: stored records one after another (a segment's end
+    may skip ahead), refused ones anywhere among them."""
+    places, at = [], draw(st.integers(0, 2**40))
+    for refused in draw(st.lists(st.sampled_from([None, ILLEGAL, REFUSED]), max_size=6)):
+        if refused is not None:
+            places.append(refused)
+            continue
+        size = draw(st.integers(91, 2**22))
+        places.append((at, size, draw(st.integers(0, 2**40))))
+        at += size + draw(st.sampled_from([0, 0, 1, 2**20]))
+    return places
+
+
+@given(_appended_places(), st.sampled_from([b"\x7f\0\0\1\0\0\x2a\x9f", bytes(20)]))
+def test_an_appended_batch_sums_up_as_its_results_do(
+    places: list[tuple[int, int, int]], host: bytes
+) -> None:
+    """A send's answer reads status, end, size and msgIds from the places, as it would
+    from the results."""
+    batch = AppendedBatch(places, 1, host)
+    results = list(batch)
+    assert batch.status() == next(
+        (r.status for r in results if r.status is not PutStatus.PUT_OK), PutStatus.PUT_OK)
+    assert batch.end_offset() == max([r.end_offset for r in results], default=0)
+    assert batch.size() == sum(r.size for r in results)
+    assert batch.msg_ids() == ",".join(r.msg_id for r in results)
 
 
 # --- msync and pre-faulting ----------------------------------------------------------------------

@@ -116,10 +116,11 @@ def test_the_variable_selects_the_pure_codec() -> None:
 
 
 @needs_compiled
-def test_the_record_tests_pass_on_the_pure_path() -> None:
+def test_the_record_and_send_path_tests_pass_on_the_pure_path() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "tests/domain/test_record.py"], capture_output=True, text=True, cwd=REPO_ROOT,
+         "tests/domain/test_record.py", "tests/domain/test_sent.py"], capture_output=True,
+        text=True, cwd=REPO_ROOT,
         env={**python_env(), record.PURE_PYTHON_VARIABLE: "1"}, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:]
 
@@ -306,3 +307,17 @@ def test_pack_v4_rejects_what_struct_rejects(bad: object) -> None:
         case = [*args]
         case[at] = bad
         assert outcome(COMPILED.pack_v4, *case) == outcome(PURE.pack_v4, *case)
+
+
+# --- offset msgIds --------------------------------------------------------------------------
+
+
+@needs_compiled
+@given(st.binary(max_size=24),
+       st.lists(st.integers(-3, 2**40) | st.sampled_from([0, 2**63 - 1, 2**64 - 1, 2**64]),
+                max_size=6))
+def test_offset_msg_ids_match(host: bytes, offsets: list[int]) -> None:
+    assert (outcome(COMPILED.offset_msg_ids, host, offsets)
+            == outcome(PURE.offset_msg_ids, host, offsets))
+    assert (outcome(COMPILED.offset_msg_ids, host, iter(offsets))
+            == outcome(PURE.offset_msg_ids, host, offsets))

@@ -5,7 +5,8 @@ Building an :class:`~evq.domain.log.AppendResult` per record cost a sixth of the
 last end offset to wait for.  So the loop keeps one ``(physical offset, size, queue offset)``
 tuple a record and the results are made when they are read; the batch shares its status, store
 time and host.  It behaves as the list of results did where callers used one: indexing,
-slicing, iteration, ``len``, ``==`` and ``+`` (which gives a list).
+slicing, iteration, ``len``, ``==`` and ``+`` (which gives a list); a send's answer reads its
+summaries (:class:`~evq.domain.log.AppendedRecords`) from the places.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from evq.domain.log import AppendResult, PutStatus
+from evq.domain.log import AppendedRecords, AppendResult, PutStatus
+from evq.domain.record import offset_msg_ids
 
 ILLEGAL = (-1, 0, -1)
 """The place of a record the log refused (MESSAGE_ILLEGAL): AppendResult's defaults."""
@@ -21,7 +23,7 @@ REFUSED = (-2, 0, -1)
 """The place of a record refused for want of disk space (SERVICE_NOT_AVAILABLE)."""
 
 
-class AppendedBatch(Sequence[AppendResult]):
+class AppendedBatch(AppendedRecords, Sequence[AppendResult]):
     __slots__ = ("_host", "_places", "_store_timestamp")
 
     def __init__(self, places: list[tuple[int, int, int]], store_timestamp: int, host: bytes):
@@ -31,11 +33,30 @@ class AppendedBatch(Sequence[AppendResult]):
 
     def _result(self, place: tuple[int, int, int]) -> AppendResult:
         if place[0] < 0:
-            return AppendResult(PutStatus.MESSAGE_ILLEGAL if place is ILLEGAL
-                                else PutStatus.SERVICE_NOT_AVAILABLE)
+            return AppendResult(_refusal(place))
         physical, size, queue_offset = place
         return AppendResult(PutStatus.PUT_OK, physical, size, queue_offset,
                             self._store_timestamp, self._host)
+
+    def status(self) -> PutStatus:
+        places = self._places
+        if not places or min(places)[0] >= 0:  # compared in C: nearly always all stored
+            return PutStatus.PUT_OK
+        return next(_refusal(p) for p in places if p[0] < 0)
+
+    def end_offset(self) -> int:
+        # Stored records' places rise, and refused ones are negative: the last stored
+        # record ends furthest.
+        for physical, size, _ in reversed(self._places):
+            if physical >= 0:
+                return physical + size
+        return -1 if self._places else 0  # a refused record's result ends at -1
+
+    def size(self) -> int:
+        return sum([p[1] for p in self._places])
+
+    def msg_ids(self) -> str:
+        return offset_msg_ids(self._host, [p[0] for p in self._places])
 
     def __len__(self) -> int:
         return len(self._places)
@@ -69,3 +90,7 @@ class AppendedBatch(Sequence[AppendResult]):
 
     def __repr__(self) -> str:
         return repr(list(self))
+
+
+def _refusal(place: tuple[int, int, int]) -> PutStatus:
+    return PutStatus.MESSAGE_ILLEGAL if place is ILLEGAL else PutStatus.SERVICE_NOT_AVAILABLE

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-from typing import cast
-
 import attrs
 
 from evq.domain import sysflag as sf
@@ -13,9 +10,9 @@ from evq.domain.broker import Broker
 from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
 from evq.domain.log import PutStatus
-from evq.domain.message import COMPRESS_OVER, Host, Message, waits_for_store
-from evq.domain.record import RecordError, split_batch
-from evq.domain.sent import PlainMessage, SentEntry, sent_messages
+from evq.domain.message import Host
+from evq.domain.record import RecordError
+from evq.domain.sent import SentEntry, sent_batch
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
@@ -24,23 +21,12 @@ from evq.net.send_header import SendHeader
 from evq.net.transport import Connection, Handler
 
 
-def messages_of(core: Broker, h: SendHeader, body: bytes, born_host: Host
-                ) -> list[PlainMessage] | list[Message]:
-    """The request's messages for :meth:`Broker.put_plain` when it takes them all, else for
-    :meth:`Broker.put`.  Work in proportion to a batch's entries: a large batch's runs off
-    the loop (see :func:`put_large_request`)."""
-    entries = entries_of(h, body, core.config.max_message_size)
-    plain = core.plain_messages(h.topic, born_host, entries)
-    if plain is not None:
-        return plain
-    return sent_messages(h.topic, entries, queue_id=h.queue_id, born_timestamp=h.born_timestamp,
-                         born_host=born_host, reconsume_times=h.reconsume_times)
-
-
 def entries_of(h: SendHeader, body: bytes, limit: int) -> list[SentEntry]:
     """The request's messages as sent; a batch is decoded (and inflated) here.  A batch's
     whole body is held to ``limit`` (maxMessageSize), as RocketMQ holds it, inflated or not:
-    a 1 MiB zlib bomb once asked for 2 GiB, and a frame of empty messages held the loop."""
+    a 1 MiB zlib bomb once asked for 2 GiB, and a frame of empty messages held the loop.
+    Work in proportion to a batch's entries: a large batch's runs off the loop (see
+    :func:`put_large_request`)."""
     sysflag = h.sys_flag
     if not h.batch:
         return [(h.flag, body, sysflag, h.properties)]
@@ -52,16 +38,12 @@ def entries_of(h: SendHeader, body: bytes, limit: int) -> list[SentEntry]:
     try:
         if sysflag & sf.COMPRESSED:  # the C++ client deflates a whole batch over 4 KiB
             body = inflate(body, limit)
-        entries = split_batch(body)
+        entries = sent_batch(body, sysflag)
     except (RecordError, InflateError) as exc:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
     if not entries:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch without messages")
-    # Each stored record carries its own compression flag, as a single send would.
-    plain = sysflag & ~sf.COMPRESSED
-    return [(flag, zlib.compress(b, 5), plain | sf.COMPRESSED, props)
-            if len(b) >= COMPRESS_OVER else (flag, b, plain, props)
-            for flag, b, props in entries]
+    return entries
 
 
 @attrs.define(slots=True)
@@ -91,26 +73,17 @@ class Stored:
 
 def put_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> Stored:
     """One send request's messages, put, and what the answer needs of the put."""
-    sent = messages_of(core, h, body, born_host)
-    if isinstance(sent[0], PlainMessage):  # the common case: nothing to route
-        plain = cast("list[PlainMessage]", sent)
-        wait = any([m.wait for m in plain])
-        result = core.put_plain(h.topic, plain, queue_id=h.queue_id,
-                                born_timestamp=h.born_timestamp, born_host=born_host,
-                                reconsume_times=h.reconsume_times,
-                                default_topic=h.default_topic,
-                                default_topic_queue_nums=h.default_topic_queue_nums)
-    else:
-        messages = cast("list[Message]", sent)
-        wait = any([waits_for_store(m.properties) for m in messages])
-        result = core.put(messages, default_topic=h.default_topic,
-                          default_topic_queue_nums=h.default_topic_queue_nums,
-                          max_reconsume_times=h.max_reconsume_times)
+    result, wait = core.put_sent(
+        h.topic, entries_of(h, body, core.config.max_message_size), queue_id=h.queue_id,
+        born_timestamp=h.born_timestamp, born_host=born_host, reconsume_times=h.reconsume_times,
+        default_topic=h.default_topic, default_topic_queue_nums=h.default_topic_queue_nums,
+        max_reconsume_times=h.max_reconsume_times)
     appended = result.appended
-    if not appended or appended[0].physical_offset < 0:
+    first = appended[0] if appended else None
+    if first is None or first.physical_offset < 0:
         return Stored(result.status, result.queue_id, -1, 0, None, 0, 0, wait)
-    return Stored(result.status, result.queue_id, result.queue_offset, result.end_offset,
-                  result.msg_id, len(appended), sum([a.size for a in appended]), wait)
+    return Stored(result.status, result.queue_id, first.queue_offset, result.end_offset,
+                  result.msg_id, len(appended), result.size, wait)
 
 
 def put_large_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> Stored:
