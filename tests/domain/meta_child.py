@@ -44,7 +44,11 @@ def main() -> None:
             victim = f"R{round_no}_{n - 1}"
             broker.delete_topic(victim)
             print(f"DELETED {victim}", flush=True)
-        offset = n * 10 + round_no
+        # Offsets only grow, across rounds too: a snapshot stored but not yet acknowledged
+        # when the child is killed (the change in flight) is then never below an
+        # acknowledged one.  Offsets that restarted low each round made such a snapshot
+        # look like a lost one (1 run in 4).
+        offset = round_no * 1_000_000 + n
         broker.commit_offset("G", "FIXED", n % 4, offset)
         broker.snapshot_offsets()
         print(f"SNAP G FIXED {n % 4} {offset}", flush=True)
