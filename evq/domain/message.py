@@ -64,7 +64,11 @@ class PropertyError(ValueError):
 
 def encode_properties(props: Mapping[str, str]) -> str:
     """``name\x01value\x02`` per entry, trailing separator kept as the C++ and JS clients do."""
-    if not props:
+    if len(props) == 1:  # a single send's UNIQ_KEY alone: checked without joining and counting
+        ((name, value),) = props.items()
+        if name and not _has_separator(name) and not _has_separator(value):
+            return name + NAME_VALUE_SEPARATOR + value + PROPERTY_SEPARATOR
+    elif not props:
         return ""
     # Joined in C, then checked whole: each entry adds exactly one of each separator, so any
     # other count means a name or value holds one, which the search below then names.
