@@ -1,8 +1,9 @@
-"""Builds the optional compiled codec (evq/domain/record_kernels.pyx); pyproject.toml holds
-everything else.
+"""Builds the optional compiled kernels (the record codec, evq/domain/record_kernels.pyx, and
+the remoting frame's, evq/net/frame_kernels.pyx); pyproject.toml holds everything else.
 
-The extension is optional: with no C compiler, or when compiling fails, the install still
-succeeds and evq runs its pure-Python codec (evq.domain.record chooses at import time).
+The extensions are optional: with no C compiler, or when compiling fails, the install still
+succeeds and evq runs the pure-Python code (evq.domain.record and evq.net.protocol choose at
+import time).
 """
 
 from setuptools import Extension, setup
@@ -13,7 +14,8 @@ except ImportError:  # a build without Cython (pyproject's build requires bring 
     extensions = []
 else:
     extensions = cythonize(
-        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"])],
+        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"]),
+         Extension("evq.net.frame_kernels", ["evq/net/frame_kernels.pyx"])],
         compiler_directives={"language_level": "3"}, quiet=True)
     for extension in extensions:
         extension.optional = True  # set after cythonize, which drops the flag

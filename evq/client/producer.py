@@ -41,7 +41,7 @@ from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
 from evq.net.codes import RequestCode
-from evq.net.protocol import RemotingCommand
+from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
 from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, Handler, TransportError
 
@@ -368,8 +368,7 @@ class Producer:
             sysflag, props = 0, ""
         else:
             body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
-        # Built as the strings the header carries and handed to the command as they are: the
-        # converter's check and copy of a constructor's ext_fields are not needed.
+        # Built as the strings the header carries and handed to the command as they are.
         fields = {
             "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
             "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
@@ -381,9 +380,8 @@ class Producer:
         if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
             # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
             fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
-        cmd = RemotingCommand(_SEND_BATCH if batch else _SEND, body=body)
-        cmd.ext_fields = fields
-        return cmd
+        return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
+                                      EVQ_VERSION, 0, 0, None, fields, body, SerializeType.JSON)
 
     def _started(self) -> tuple[Routes, BrokerPool]:
         if self._routes is None or self._pool is None:

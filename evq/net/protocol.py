@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 import struct
 from collections.abc import Callable, Mapping
@@ -51,6 +52,7 @@ import attrs
 import orjson
 
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.record import PURE_PYTHON_VARIABLE
 from evq.net.codes import LanguageCode, Version
 
 FRAME_PREFIX = struct.Struct(">ii")  # LENGTH, HEADER WORD
@@ -216,6 +218,22 @@ class RemotingCommand:
         """A request from evq; the connection that sends it stamps its ``opaque``."""
         return cls(code=code, flag=ONEWAY_FLAG if oneway else 0, ext_fields=fields, body=body)
 
+    @classmethod
+    def direct(cls, code: int, language: LanguageCode, version: int, opaque: int, flag: int,
+               remark: str | None, ext_fields: dict[str, str], body: bytes,
+               serialize_type: SerializeType, /) -> RemotingCommand:
+        """A command from fields that are already what the constructor would make of them
+        (``ext_fields`` all strings, and the caller's to give away): every field set as
+        given, without the generated ``__init__``'s keyword matching, defaults and
+        converter, which cost five times as much.  For commands made once per message:
+        each decoded frame, a producer's send."""
+        cmd = _new_command(cls)
+        cmd.code, cmd.language, cmd.version, cmd.opaque, cmd.flag = (
+            code, language, version, opaque, flag)
+        cmd.remark, cmd.ext_fields, cmd.body, cmd.serialize_type = (
+            remark, ext_fields, body, serialize_type)
+        return cmd
+
     @property
     def is_response(self) -> bool:
         return bool(self.flag & RESPONSE_FLAG)
@@ -299,11 +317,10 @@ class RemotingCommand:
 
     def encode(self) -> bytes:
         """The whole frame.  Raises :class:`ProtocolError` for a field the layout cannot hold."""
-        header = encode_header(self)
-        if len(header) > HEADER_LENGTH_MASK:
-            raise ProtocolError(f"header of {len(header)} bytes exceeds 24 bits")
-        word = (self.serialize_type << 24) | len(header)
-        return FRAME_PREFIX.pack(4 + len(header) + len(self.body), word) + header + self.body
+        return encode_frame(self)
+
+
+_new_command = object.__new__
 
 
 class OpaqueCounter:
@@ -325,6 +342,15 @@ class OpaqueCounter:
 
 
 # -- header encoding --------------------------------------------------------------------------
+
+
+def _encode_frame(cmd: RemotingCommand) -> bytes:
+    """:meth:`RemotingCommand.encode`, pure (the reference of the compiled twin)."""
+    header = encode_header(cmd)
+    if len(header) > HEADER_LENGTH_MASK:
+        raise ProtocolError(f"header of {len(header)} bytes exceeds 24 bits")
+    word = (cmd.serialize_type << 24) | len(header)
+    return FRAME_PREFIX.pack(4 + len(header) + len(cmd.body), word) + header + cmd.body
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
@@ -433,6 +459,7 @@ def _has_float(obj: Mapping[str, object]) -> bool:
 
 
 _LANGUAGE_OTHER: Final = LanguageCode.OTHER
+_JSON: Final = SerializeType.JSON
 _EVQ_LANGUAGE_NAME: Final = EVQ_LANGUAGE.name
 
 
@@ -463,12 +490,10 @@ def _decode_json(header: bytes, body: bytes) -> RemotingCommand:
             and (ext is None
                  or (type(ext) is dict and _STR_ONLY.issuperset(map(type, ext.values()))))
         ):
-            cmd = RemotingCommand(
-                code=code, language=_LANGUAGE_BY_NAME.get(language, _LANGUAGE_OTHER),
-                version=version, opaque=opaque, flag=flag, remark=remark, body=body)
-            if ext:
-                cmd.ext_fields = ext  # all strings, and ours: the converter's copy is not needed
-            return cmd
+            # All strings, and ours: the converter's check and copy are not needed.
+            return RemotingCommand.direct(
+                code, _LANGUAGE_BY_NAME.get(language, _LANGUAGE_OTHER), version, opaque, flag,
+                remark, ext if ext is not None else {}, body, _JSON)
     return _decode_json_checked(header, body)
 
 
@@ -606,7 +631,7 @@ class FrameDecoder:
         if self._failed is not None:
             raise self._failed
         try:
-            cmd = self._next()
+            cmd = take_frame(self)
         except ProtocolError as exc:
             self._failed = exc
             raise
@@ -620,32 +645,6 @@ class FrameDecoder:
             self._buf.clear()
             self._pos = 0
         return cmd
-
-    def _next(self) -> RemotingCommand | None:
-        buf, pos = self._buf, self._pos
-        available = len(buf) - pos
-        if available < 4:
-            return None
-        (length,) = INT32.unpack_from(buf, pos)
-        if length < 4:
-            raise ProtocolError(f"frame length {length} is too small for a header")
-        if length + 4 > self.max_frame:
-            raise ProtocolError(
-                f"frame of {length + 4} bytes exceeds the {self.max_frame}-byte limit",
-                opaque=self._salvage(length),
-            )
-        if available < 4 + length:
-            return None
-        (word,) = INT32.unpack_from(buf, pos + 4)
-        serialize_type, header_length = (word >> 24) & 0xFF, word & HEADER_LENGTH_MASK
-        if header_length > length - 4:
-            raise ProtocolError(f"header length {header_length} exceeds frame length {length}")
-        # Copies out of a view released at once: a live export would forbid resizing the buffer.
-        with memoryview(buf) as view:
-            header = bytes(view[pos + 8 : pos + 8 + header_length])
-            body = bytes(view[pos + 8 + header_length : pos + 4 + length])
-        self._pos = pos + 4 + length
-        return decode_header(serialize_type, header, body)
 
     def _salvage(self, length: int) -> int | None:
         """The opaque of an oversize frame when its header already arrived, so it can be
@@ -663,3 +662,74 @@ class FrameDecoder:
         except ProtocolError as exc:
             return exc.opaque
         return _answerable(cmd.opaque, cmd.flag)
+
+
+def _take_frame(decoder: FrameDecoder) -> RemotingCommand | None:
+    """The next whole frame's command out of ``decoder``'s buffer (its position moved past
+    the frame), or None until more bytes come; pure (the reference of the compiled twin)."""
+    buf, pos = decoder._buf, decoder._pos
+    available = len(buf) - pos
+    if available < 4:
+        return None
+    (length,) = INT32.unpack_from(buf, pos)
+    if length < 4:
+        raise ProtocolError(f"frame length {length} is too small for a header")
+    if length + 4 > decoder.max_frame:
+        raise ProtocolError(
+            f"frame of {length + 4} bytes exceeds the {decoder.max_frame}-byte limit",
+            opaque=decoder._salvage(length),
+        )
+    if available < 4 + length:
+        return None
+    (word,) = INT32.unpack_from(buf, pos + 4)
+    serialize_type, header_length = (word >> 24) & 0xFF, word & HEADER_LENGTH_MASK
+    if header_length > length - 4:
+        raise ProtocolError(f"header length {header_length} exceeds frame length {length}")
+    # Copies out of a view released at once: a live export would forbid resizing the buffer.
+    with memoryview(buf) as view:
+        header = bytes(view[pos + 8 : pos + 8 + header_length])
+        body = bytes(view[pos + 8 + header_length : pos + 4 + length])
+    decoder._pos = pos + 4 + length
+    return decode_header(serialize_type, header, body)
+
+
+# -- compiled kernels --------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class FrameCodec:
+    """One implementation of the frame's hot functions: the pure-Python ones above (the
+    reference) or their compiled twins in evq/net/frame_kernels.pyx."""
+
+    take_frame: Callable[[FrameDecoder], RemotingCommand | None]
+    encode_frame: Callable[[RemotingCommand], bytes]
+
+
+PURE = FrameCodec(_take_frame, _encode_frame)
+
+
+def _compiled_kernels() -> FrameCodec | None:
+    """The compiled kernels, bound to this module; None where they were not built (no C
+    compiler at install time) or ``EVQ_PURE_PYTHON`` asks for pure Python (as for the
+    record codec: :data:`evq.domain.record.PURE_PYTHON_VARIABLE`)."""
+    if os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0"):
+        return None
+    try:
+        from evq.net import frame_kernels
+    except ImportError:
+        return None
+    frame_kernels.bind(
+        command=RemotingCommand, take_frame=_take_frame, encode_frame=_encode_frame,
+        decode_any_header=decode_header, decode_json=_decode_json_checked,
+        orjson_loads=orjson.loads, orjson_dumps=orjson.dumps,
+        orjson_decode_error=orjson.JSONDecodeError, orjson_encode_error=orjson.JSONEncodeError,
+        languages_by_name=_LANGUAGE_BY_NAME, names_of_languages=_LANGUAGE_NAMES,
+        other_language=_LANGUAGE_OTHER, evq_language_name=_EVQ_LANGUAGE_NAME, json=_JSON)
+    return FrameCodec(frame_kernels.take_frame, frame_kernels.encode_frame)
+
+
+COMPILED = _compiled_kernels()
+"""The compiled kernels, or None where they are not built or not wanted."""
+CODEC = COMPILED or PURE
+"""The kernels this process runs; the module's names below are their functions."""
+take_frame, encode_frame = CODEC.take_frame, CODEC.encode_frame

@@ -71,6 +71,7 @@ What the transport promises, and why:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import itertools
 import signal
@@ -172,7 +173,72 @@ def split_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-_Pending = tuple[asyncio.Future[RemotingCommand], float, RemotingCommand, float]
+class Answer(asyncio.Future[RemotingCommand]):
+    """The future a request's caller awaits: its answer wakes the caller at once.
+
+    An asyncio future wakes the task awaiting it through ``loop.call_soon``, so the task runs
+    at the loop's next turn, after another poll of the selector: a second ``epoll_wait`` and
+    a second turn of the loop for every request a client makes.  This future keeps the
+    awaiting task's wake-up to itself, and :meth:`answer`, called as the answer is read,
+    runs it at once, as if the task had been waiting in the read callback.  Only there: a
+    task cannot be entered inside another one, so whenever a task is running (and for every
+    other way of finishing: a timeout, a closed connection, a cancellation) the wake-up goes
+    through ``call_soon`` as asyncio's own would.
+    """
+
+    # A class default rather than slots and an ``__init__``: the instance dict made when the
+    # task's wake-up is kept costs less than a Python-level constructor on every request.
+    _waker: tuple[Callable[[Any], object], contextvars.Context] | None = None
+
+    def add_done_callback(self, fn: Callable[[Any], object], *,
+                          context: contextvars.Context | None = None) -> None:
+        if self._waker is None and not self.done():  # the awaiting task's: kept here
+            self._waker = (fn, context if context is not None else contextvars.copy_context())
+        else:
+            super().add_done_callback(fn, context=context)
+
+    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
+        removed = 0
+        if self._waker is not None and self._waker[0] == fn:
+            self._waker, removed = None, 1
+        return removed + super().remove_done_callback(fn)
+
+    def answer(self, response: RemotingCommand) -> None:
+        """Resolve with ``response``; the waiting task runs its next step now unless a task
+        is running."""
+        waker = self._waker
+        if waker is None or asyncio.current_task(self.get_loop()) is not None:
+            self.set_result(response)
+            return
+        self._waker = None
+        super().set_result(response)
+        waker[1].run(waker[0], self)
+
+    # Every other way to finish wakes the task through the loop, ahead of any callback
+    # added after it (asyncio runs a future's callbacks in the order they were added).
+
+    def set_result(self, result: RemotingCommand) -> None:
+        self._wake_later()
+        super().set_result(result)
+
+    def set_exception(self, exception: type | BaseException) -> None:
+        self._wake_later()
+        super().set_exception(exception)
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        self._wake_later()
+        return super().cancel(msg=msg)
+
+    def _wake_later(self) -> None:
+        # Only while not done: the waker is dropped as the future finishes, so a second
+        # finish (refused by asyncio's own check) schedules nothing.
+        waker = self._waker
+        if waker is not None:
+            self._waker = None
+            self.get_loop().call_soon(waker[0], self, context=waker[1])
+
+
+_Pending = tuple[Answer, float, RemotingCommand, float]
 """A request waiting for its answer: the waiter, its deadline on the loop's clock, the request
 and its timeout (what a :class:`RequestTimeout` names)."""
 _NEVER: Final = float("inf")
@@ -378,7 +444,7 @@ class Connection(asyncio.BufferedProtocol):
         cmd.opaque = opaque = self._opaques()
         self._sign(cmd)
         loop = self._loop
-        future = loop.create_future()
+        future = Answer(loop=loop)
         deadline = loop.time() + timeout
         self._pending[opaque] = (future, deadline, cmd, timeout)
         if deadline < self._expiry_at:
@@ -578,7 +644,7 @@ class Connection(asyncio.BufferedProtocol):
             # A late answer to a request that timed out; the Java client drops them as well.
             log.debug("response to no pending request", conn=self.id, opaque=response.opaque)
             return
-        pending[0].set_result(response)
+        pending[0].answer(response)
 
     async def _handle(self, cmd: RemotingCommand) -> None:
         if self._pause_on_write:

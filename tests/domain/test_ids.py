@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import itertools
 import os
+import threading
 
 from evq.domain.ids import new_uniq_key, new_uniq_keys
 
@@ -57,3 +59,22 @@ def test_a_forked_child_makes_keys_of_its_own_in_the_same_millisecond() -> None:
     assert len(child) == 32
     assert child[:8] == parent[:8] and child[20:28] == parent[20:28]  # ip, time
     assert child[8:20] != parent[8:20]  # pid and random part
+
+
+def test_keys_made_by_threads_at_once_are_all_different() -> None:
+    """No lock: each key's counter is one ``next`` on a shared count, which threads cannot
+    interleave with."""
+    start = threading.Barrier(4)
+
+    def make() -> list[str]:
+        start.wait()
+        keys = []
+        for _ in range(2000):
+            keys.append(new_uniq_key(NOW))
+            keys += new_uniq_keys(NOW, 3)
+        return keys
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        made = [k for keys in pool.map(lambda _: make(), range(4)) for k in keys]
+    assert len(made) == 4 * 2000 * 4 < 0x10000
+    assert len(set(made)) == len(made)

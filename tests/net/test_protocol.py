@@ -7,6 +7,7 @@ import json
 import struct
 from collections.abc import Callable
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -60,6 +61,14 @@ def broken(data: bytes, max_frame: int = MAX_FRAME) -> ProtocolError:
 @given(remoting_commands())
 def test_every_command_survives_encode_and_decode(cmd: RemotingCommand) -> None:
     assert decode_one(cmd.encode()) == cmd
+
+
+@given(remoting_commands())
+def test_a_command_made_directly_equals_the_constructors(cmd: RemotingCommand) -> None:
+    values = attrs.astuple(cmd, recurse=False)
+    made = RemotingCommand.direct(*values)
+    assert made == cmd
+    assert attrs.astuple(made, recurse=False) == values  # every field set, none forgotten
 
 
 @given(st.lists(remoting_commands(body=st.binary(max_size=64)), max_size=6), st.data())

@@ -20,6 +20,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import (
     REQUEST_TASK_NAME,
+    Answer,
     ConnectError,
     Connection,
     ConnectionClosed,
@@ -88,7 +89,9 @@ async def test_slow_handlers_do_not_hold_up_fast_ones_on_the_same_connection(eag
         assert beat.code == ResponseCode.SUCCESS
         assert not any(p.done() for p in polls)
         (conn,) = server.connections
-        assert conn.in_flight == 100
+        # The heartbeat's caller may run on before the handler's task is done with (its
+        # answer wakes the caller as it is read): the parked ones stay.
+        await eventually(lambda: conn.in_flight == 100)
         release.set()
         answers = await asyncio.gather(*polls)
         assert [a.ext_fields["n"] for a in answers] == [str(i) for i in range(100)]
@@ -513,6 +516,79 @@ async def test_the_idle_sweep_runs_by_itself_and_spares_running_requests() -> No
         await asyncio.wait_for(quiet_conn.wait_closed(), TIMEOUT)
         release.set()
         assert (await poll).code == ResponseCode.SUCCESS
+
+
+# --- waking the caller -----------------------------------------------------------------------
+
+
+async def test_an_answer_wakes_its_caller_in_the_same_turn_of_the_loop() -> None:
+    """The task awaiting a request runs on as its answer is read, not at the loop's next turn:
+    on the stdlib loop a request costs one poll of the selector fewer (uvloop's selector is
+    out of reach; the same code runs there)."""
+    loop = asyncio.get_running_loop()
+    selector = getattr(loop, "_selector", None)
+    if selector is None:
+        pytest.skip("polls are counted on the stdlib loop's selector")
+    polls = 0
+    select = selector.select
+
+    def counting(timeout: float | None = None) -> list[object]:
+        nonlocal polls
+        polls += 1
+        return select(timeout)
+
+    async with serving({ECHO: echo}, eager=True) as server, client_of(server) as client:
+        conn = await client.connection()
+        await conn.send_request(RemotingCommand.request(ECHO), TIMEOUT)
+        selector.select = counting
+        try:
+            for _ in range(100):
+                await conn.send_request(RemotingCommand.request(ECHO), TIMEOUT)
+        finally:
+            del selector.select
+    # One poll finds the request at the server, one the answer at the client: two a request
+    # (three when the answer's waiter waited for a turn of its own).
+    assert polls <= 2 * 100 + 5, polls
+
+
+async def test_a_caller_cancelled_while_it_waits_is_cancelled() -> None:
+    release = asyncio.Event()
+
+    async def parked(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await release.wait()
+        return cmd.response()
+
+    async with serving({SLOW: parked, ECHO: echo}) as server, client_of(server) as client:
+        conn = await client.connection()
+        waiting = asyncio.create_task(conn.send_request(RemotingCommand.request(SLOW), TIMEOUT))
+        await eventually(lambda: any(c.in_flight for c in server.connections))
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        release.set()  # its late answer is dropped; the connection serves on
+        assert (await conn.send_request(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
+async def test_an_answer_read_while_a_task_runs_wakes_its_caller_at_the_next_turn() -> None:
+    """A task cannot be entered inside another: an answer delivered from inside a task (a
+    read callback never runs in one, but a future may be finished from anywhere) wakes its
+    caller through the loop, as asyncio's own futures do, and other callbacks run as usual."""
+    loop = asyncio.get_running_loop()
+    answer = Answer(loop=loop)
+    seen: list[object] = []
+    answer.add_done_callback(lambda f: seen.append("first"))  # the first callback is kept
+    answer.add_done_callback(lambda f: seen.append("second"))  # others go to asyncio's list
+
+    async def wait() -> RemotingCommand:
+        return await answer
+
+    waiter = asyncio.create_task(wait())
+    await asyncio.sleep(0)  # the waiter is waiting
+    response = RemotingCommand(code=0, flag=1)
+    answer.answer(response)  # from inside this test's task
+    assert not waiter.done()
+    assert await waiter is response
+    assert seen == ["first", "second"]
 
 
 # --- broker-initiated requests ---------------------------------------------------------------

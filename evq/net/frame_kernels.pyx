@@ -1,0 +1,228 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled kernels of the remoting frame: the same functions as the pure-Python ones in
+:mod:`evq.net.protocol`, which stay the reference and the fallback (see that module's end).
+
+Every frame both ends of a connection exchange goes through these two: taking a frame out
+of a connection's buffer and decoding its JSON header (about 38 k instructions in Python for
+a send's answer, of which orjson's parse is 11 k), and encoding a command (17 k).  Only the
+common case lives here: a whole, well-formed frame with a JSON header that every peer writes,
+and a command whose header orjson writes as ASCII.  Anything else (a short or malformed frame,
+a binary header, an odd JSON value, a lone surrogate, a body that is not ``bytes``) is handed
+to the pure function on the same input, so it ends exactly as there, error for error;
+tests/net/test_frame_kernels.py checks the two give the same over the whole input space.
+
+The module imports nothing from evq: :func:`bind` hands it the classes and pure functions it
+builds on, once, when evq.net.protocol loads it.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.object cimport PyObject
+from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, uint8_t, uint32_t
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+    bint PyLong_CheckExact(object)
+    bint PyUnicode_CheckExact(object)
+    bint PyDict_CheckExact(object)
+
+cdef enum:
+    HEADER_LENGTH_MASK = 0xFFFFFF
+
+# Bound by bind(): evq's command class and the pure functions the kernels fall back on.
+cdef type Command = None
+cdef object object_new = object.__new__
+cdef object pure_take_frame = None
+cdef object pure_encode_frame = None
+cdef object decode_header = None  # (serialize type, header, body) -> command: any header
+cdef object decode_json_checked = None  # (header, body) -> command: a JSON header, checked
+cdef object loads = None
+cdef object dumps = None
+cdef object decode_error = None
+cdef object encode_error = None
+cdef dict language_by_name = None
+cdef dict language_names = None
+cdef object language_other = None
+cdef object default_language_name = None
+cdef object json_type = None
+
+COMMAND_FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields",
+                  "body", "serialize_type")
+
+
+def bind(*, command, take_frame, encode_frame, decode_any_header, decode_json, orjson_loads,
+         orjson_dumps, orjson_decode_error, orjson_encode_error, languages_by_name,
+         names_of_languages, other_language, evq_language_name, json) -> None:
+    """Hand the kernels the class they build and the pure functions and tables they share
+    (called once by evq.net.protocol)."""
+    global Command, pure_take_frame, pure_encode_frame, decode_header, decode_json_checked
+    global loads, dumps, decode_error, encode_error, language_by_name, language_names
+    global language_other, default_language_name, json_type
+    # A field added to the command and not set below would leave decoded commands without
+    # it: that stops the import (loudly, in every test) instead.
+    fields = tuple(a.name for a in command.__attrs_attrs__)
+    if fields != COMMAND_FIELDS:
+        raise RuntimeError(f"{command.__name__} fields changed: {fields}")
+    Command = command
+    pure_take_frame, pure_encode_frame = take_frame, encode_frame
+    decode_header, decode_json_checked = decode_any_header, decode_json
+    loads, dumps = orjson_loads, orjson_dumps
+    decode_error, encode_error = orjson_decode_error, orjson_encode_error
+    language_by_name, language_names = languages_by_name, names_of_languages
+    language_other, default_language_name = other_language, evq_language_name
+    json_type = json
+
+
+cdef inline int32_t get32(const uint8_t* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
+                     | p[3])
+
+
+cdef inline void put32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v >> 24
+    p[1] = v >> 16
+    p[2] = v >> 8
+    p[3] = v
+
+
+# --- taking a frame ---------------------------------------------------------------------------
+
+
+def take_frame(decoder):
+    """The pure ``_take_frame``: the next whole frame's command out of ``decoder``'s buffer,
+    or None until more bytes come."""
+    cdef bytearray buf = decoder._buf
+    cdef Py_ssize_t pos = decoder._pos
+    cdef Py_ssize_t available = PyByteArray_GET_SIZE(buf) - pos
+    cdef Py_ssize_t length, header_length, body_length
+    cdef uint32_t word
+    cdef const uint8_t* p
+    if available < 4:
+        return None
+    p = <const uint8_t*>PyByteArray_AS_STRING(buf) + pos
+    length = get32(p)
+    if length < 4 or length + 4 > <Py_ssize_t>decoder.max_frame:
+        return pure_take_frame(decoder)  # refused there, with the opaque it can salvage
+    if available < 4 + length:
+        return None
+    word = <uint32_t>get32(p + 4)
+    header_length = word & HEADER_LENGTH_MASK
+    if header_length > length - 4:
+        return pure_take_frame(decoder)
+    body_length = length - 4 - header_length
+    header = PyBytes_FromStringAndSize(<const char*>p + 8, header_length)
+    body = (PyBytes_FromStringAndSize(<const char*>p + 8 + header_length, body_length)
+            if body_length else b"")
+    decoder._pos = pos + 4 + length
+    if word >> 24:
+        return decode_header(word >> 24, header, body)
+    return decode_json(header, body)
+
+
+cdef inline bint is_int32(object value):
+    cdef int overflow = 0
+    cdef long long n
+    if not PyLong_CheckExact(value):
+        return False
+    n = PyLong_AsLongLongAndOverflow(value, &overflow)
+    return overflow == 0 and INT32_MIN <= n <= INT32_MAX
+
+
+cdef inline bint all_strings(dict fields):
+    cdef Py_ssize_t at = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    while PyDict_Next(fields, &at, &key, &value):
+        if not PyUnicode_CheckExact(<object>value):
+            return False
+    return True
+
+
+cdef inline object field(dict obj, str name, object default):
+    cdef PyObject* found = PyDict_GetItem(obj, name)
+    return default if found is NULL else <object>found
+
+
+cdef object decode_json(bytes header, bytes body):
+    """The pure ``_decode_json``: the short way's type tests in C, the checked way for the
+    rest."""
+    try:
+        obj = loads(header)
+    except decode_error:
+        return decode_json_checked(header, body)
+    if type(obj) is not dict:
+        return decode_json_checked(header, body)
+    cdef dict d = <dict>obj
+    code = field(d, "code", None)
+    opaque = field(d, "opaque", None)
+    flag = field(d, "flag", 0)
+    version = field(d, "version", 0)
+    language = field(d, "language", default_language_name)
+    remark = field(d, "remark", None)
+    ext = field(d, "extFields", None)
+    if not (is_int32(code) and is_int32(opaque) and is_int32(flag) and is_int32(version)
+            and PyUnicode_CheckExact(language)
+            and (remark is None or PyUnicode_CheckExact(remark))
+            and (ext is None or (PyDict_CheckExact(ext) and all_strings(<dict>ext)))):
+        return decode_json_checked(header, body)
+    found = PyDict_GetItem(language_by_name, language)
+    cmd = object_new(Command)
+    cmd.code = code
+    cmd.language = language_other if found is NULL else <object>found
+    cmd.version = version
+    cmd.opaque = opaque
+    cmd.flag = flag
+    cmd.remark = remark
+    cmd.ext_fields = {} if ext is None else ext  # all strings, and ours
+    cmd.body = body
+    cmd.serialize_type = json_type
+    return cmd
+
+
+# --- encoding a command -----------------------------------------------------------------------
+
+
+def encode_frame(cmd):
+    """The pure ``_encode_frame``: the whole frame of ``cmd``."""
+    if cmd.serialize_type is not json_type:
+        return pure_encode_frame(cmd)
+    # The header object as the pure ``_encode_json`` builds it, in fastjson's order and with
+    # the same conversions (so a field of the wrong type fails the same way).
+    obj = {"code": int(cmd.code)}
+    ext = cmd.ext_fields
+    if ext:
+        obj["extFields"] = ext
+    obj["flag"] = int(cmd.flag)
+    obj["language"] = language_names[cmd.language]
+    obj["opaque"] = int(cmd.opaque)
+    remark = cmd.remark
+    if remark is not None:
+        obj["remark"] = remark
+    obj["serializeTypeCurrentRPC"] = "JSON"
+    obj["version"] = int(cmd.version)
+    try:
+        header = dumps(obj)
+    except encode_error:
+        return pure_encode_frame(cmd)  # a lone surrogate: the escaping way
+    body = cmd.body
+    if not PyBytes_CheckExact(body) or not PyBytes_CheckExact(header):
+        return pure_encode_frame(cmd)
+    cdef Py_ssize_t header_length = PyBytes_GET_SIZE(header)
+    cdef Py_ssize_t body_length = PyBytes_GET_SIZE(body)
+    cdef const uint8_t* h = <const uint8_t*>PyBytes_AS_STRING(header)
+    cdef Py_ssize_t i
+    if header_length > HEADER_LENGTH_MASK or 4 + header_length + body_length > INT32_MAX:
+        return pure_encode_frame(cmd)
+    for i in range(header_length):
+        if h[i] >= 0x80:  # not ASCII: the escaping way
+            return pure_encode_frame(cmd)
+    frame = PyBytes_FromStringAndSize(NULL, 8 + header_length + body_length)
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(frame)
+    put32(out, <uint32_t>(4 + header_length + body_length))
+    put32(out + 4, <uint32_t>header_length)
+    memcpy(out + 8, h, header_length)
+    memcpy(out + 8 + header_length, PyBytes_AS_STRING(body), body_length)
+    return frame

@@ -1,0 +1,184 @@
+"""The compiled frame kernels (evq/net/frame_kernels.pyx) against their pure-Python reference.
+
+Each kernel must give what its twin in evq.net.protocol gives: the same command (or frame
+bytes) for every input, the same error (type, text and salvaged opaque) for every malformed
+one, and the decoder left at the same place.  The module also checks that the compiled kernels
+are the ones in use wherever a C compiler exists, and that the variable selects pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from evq.net import protocol
+from evq.net.codes import LanguageCode
+from evq.net.protocol import (
+    COMPILED,
+    PURE,
+    FrameCodec,
+    FrameDecoder,
+    RemotingCommand,
+    SerializeType,
+)
+from tests.domain.test_record_kernels import c_compiler
+from tests.processes import REPO_ROOT, python_env
+from tests.strategies import remoting_commands
+
+PURE_RUN = os.environ.get(protocol.PURE_PYTHON_VARIABLE, "0") not in ("", "0")
+
+pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled kernels are not built")
+
+
+def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    """What a call gives: its value, or what it raised (type, text, and a frame error's
+    salvaged opaque)."""
+    try:
+        return "value", fn(*args)
+    except Exception as exc:  # the comparison is the point: any error must match
+        return "raised", (type(exc), str(exc), getattr(exc, "opaque", None))
+
+
+def taken(codec: FrameCodec, chunks: list[bytes], max_frame: int) -> list[object]:
+    """Everything a decoder gives for ``chunks`` fed one at a time, each followed by taking
+    frames until none is left or one fails: commands, errors, and where the decoder stood."""
+    decoder = FrameDecoder(max_frame)
+    seen: list[object] = []
+    for chunk in chunks:
+        decoder._buf += chunk
+        while True:
+            result = outcome(codec.take_frame, decoder)
+            seen.append((result, decoder._pos))
+            if result[0] == "raised" or result[1] is None:
+                break
+        if result[0] == "raised":
+            break
+    return seen
+
+
+def assert_same_taking(frames: bytes, cuts: list[int], max_frame: int = 1 << 20) -> None:
+    points = sorted({min(c, len(frames)) for c in cuts})
+    chunks = [frames[a:b] for a, b in zip([0, *points], [*points, len(frames)], strict=True)]
+    assert taken(COMPILED, chunks, max_frame) == taken(PURE, chunks, max_frame)
+
+
+def frame(header: bytes, body: bytes = b"", kind: int = 0) -> bytes:
+    return struct.pack(">iI", 4 + len(header) + len(body), kind << 24 | len(header)) + header + body
+
+
+_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+            | st.floats(allow_nan=False) | st.text(max_size=6))
+_json_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=2)
+                            | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+                            max_leaves=4)
+_header_values = st.fixed_dictionaries({}, optional={
+    "code": st.integers(-(2**33), 2**33) | _json_values,
+    "opaque": st.integers(-(2**33), 2**33) | _json_values,
+    "flag": st.integers(0, 3) | _json_values,
+    "version": st.integers(-(2**33), 2**33) | _json_values,
+    "language": st.sampled_from([lang.name for lang in LanguageCode]) | st.text(max_size=4)
+    | _json_values,
+    "remark": st.text(max_size=8) | _json_values,
+    "extFields": st.dictionaries(st.text(max_size=4), st.text(max_size=6) | _scalars,
+                                 max_size=4) | _json_values,
+    "serializeTypeCurrentRPC": st.just("JSON"),
+})
+
+
+# --- the build ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler: the pure kernels are expected")
+def test_the_compiled_kernels_are_built_and_used_where_a_compiler_is() -> None:
+    assert protocol.CODEC is (PURE if PURE_RUN else COMPILED)
+    if not PURE_RUN:
+        assert protocol.take_frame is COMPILED.take_frame
+        assert protocol.encode_frame is COMPILED.encode_frame
+
+
+def test_the_variable_selects_the_pure_kernels() -> None:
+    program = ("from evq.net import protocol; "
+               "assert protocol.CODEC is protocol.PURE and protocol.COMPILED is None")
+    env = {**python_env(), protocol.PURE_PYTHON_VARIABLE: "1"}
+    subprocess.run([sys.executable, "-c", program], check=True, cwd=REPO_ROOT, env=env)
+
+
+# --- encoding -------------------------------------------------------------------------------
+
+
+@given(remoting_commands())
+def test_encoding_any_command_gives_the_same_frame(cmd: RemotingCommand) -> None:
+    assert outcome(COMPILED.encode_frame, cmd) == outcome(PURE.encode_frame, cmd)
+
+
+@pytest.mark.parametrize("fields", [
+    {"remark": "caf\u00e9"},  # not ASCII: escaped
+    {"ext_fields": {"k": "\u65e5\u672c"}},
+    {"remark": "\ud800"},  # a lone surrogate: orjson refuses it
+    {"ext_fields": {"k": 7}},  # assigned past the converter: written as it is
+    {"body": bytearray(b"abc")},
+    {"body": memoryview(b"abc")},
+    {"code": 2**40},  # orjson refuses it
+    {"code": None},
+    {"language": 99},
+    {"flag": 1.5},
+    {"serialize_type": SerializeType.ROCKETMQ},
+    {"remark": "x" * (1 << 24)},  # a header past 24 bits
+])
+def test_encoding_unusual_fields_gives_the_same_frame_or_error(fields: dict[str, Any]) -> None:
+    cmd = RemotingCommand(code=10, ext_fields={"a": "b"}, body=b"xyz")
+    for name, value in fields.items():
+        setattr(cmd, name, value)
+    assert outcome(COMPILED.encode_frame, cmd) == outcome(PURE.encode_frame, cmd)
+
+
+# --- taking frames ------------------------------------------------------------------------
+
+
+@given(st.lists(remoting_commands(body=st.binary(max_size=32)), max_size=4),
+       st.lists(st.integers(0, 400), max_size=5))
+def test_any_stream_of_commands_cut_anywhere_gives_the_same(cmds: list[RemotingCommand],
+                                                           cuts: list[int]) -> None:
+    assert_same_taking(b"".join(c.encode() for c in cmds), cuts)
+
+
+@given(_header_values, st.binary(max_size=8), st.lists(st.integers(0, 300), max_size=3))
+@example({"code": 0, "opaque": 1, "extFields": {"a": 1.5}}, b"", [])
+@example({"code": 0, "opaque": 2**31}, b"", [])
+@example({"code": True, "opaque": 1}, b"", [])
+@example({"code": 0, "opaque": 1, "language": "PYTHON"}, b"b", [])
+def test_any_json_header_gives_the_same(header: dict[str, Any], body: bytes,
+                                        cuts: list[int]) -> None:
+    assert_same_taking(frame(json.dumps(header).encode(), body), cuts)
+
+
+@given(st.binary(max_size=64), st.integers(0, 3), st.binary(max_size=8))
+@example(b"{not json", 0, b"")
+@example(b"[1, 2]", 0, b"")
+@example(b'{"code": 1, "opaque": 2}\n', 0, b"")
+@example(b"\x00\x01", 1, b"")
+@example(b"{}", 7, b"")
+def test_any_header_bytes_of_any_kind_give_the_same(header: bytes, kind: int,
+                                                    body: bytes) -> None:
+    assert_same_taking(frame(header, body, kind), [])
+
+
+@given(st.binary(max_size=80), st.integers(8, 64), st.lists(st.integers(0, 80), max_size=3))
+@example(struct.pack(">i", 3), 64, [])
+@example(struct.pack(">ii", 100, 0), 16, [])
+@example(struct.pack(">ii", 30, 50) + b"{}", 64, [])
+def test_any_bytes_give_the_same(data: bytes, max_frame: int, cuts: list[int]) -> None:
+    assert_same_taking(data, cuts, max_frame)
+
+
+def test_an_oversize_frame_salvages_the_same_opaque() -> None:
+    header = RemotingCommand(code=10, opaque=77).encode()[8:]
+    assert_same_taking(frame(header, b"x" * 100), [], max_frame=64)
