@@ -254,7 +254,9 @@ async def test_kv_config_and_the_order_topic_conf() -> None:
         assert json.loads(listed.body) == {"table": {"T": "broker-a:2"}}
 
         async with registrar([server]) as broker:
-            await eventually(lambda: routed(server))
+            # The name server routes the broker before the registrar has read the answer
+            # that carries the order topic config: wait for both.
+            await eventually(lambda: routed(server) and broker.order_topic_config is not None)
             assert broker.order_topic_config == {"T": "broker-a:2"}
             assert (await route(client))["orderTopicConf"] == "broker-a:2"  # type: ignore[index]
 
