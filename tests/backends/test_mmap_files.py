@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from evq.backends.config import StoreConfig
 from evq.backends.flush import Flusher
+from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
@@ -25,7 +26,6 @@ from evq.backends.mmapfile.mapped_file import (
     prefault,
     segment_name,
 )
-from evq.backends.mmapfile.store import _NO_QUEUE_ENTRY
 from evq.backends.registry import open_log
 from evq.domain import sysflag as sf
 from evq.domain.hashing import index_key_hash
@@ -37,7 +37,7 @@ from tests.pagecache import dirty_pages
 
 def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
     for sysflag in range(1 << 12):
-        assert bool(sysflag & _NO_QUEUE_ENTRY) == (
+        assert bool(sysflag & NO_QUEUE_ENTRY) == (
             sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE
         ), sysflag
 
