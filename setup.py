@@ -1,8 +1,10 @@
-"""Builds the optional compiled codec (evq/domain/record_kernels.pyx); pyproject.toml holds
-everything else.
+"""Builds the optional compiled kernels: the record codec's (evq/domain/record_kernels.pyx) and
+the mmap store's append and index loops (evq/backends/mmapfile/store_kernels.pyx);
+pyproject.toml holds everything else.
 
-The extension is optional: with no C compiler, or when compiling fails, the install still
-succeeds and evq runs its pure-Python codec (evq.domain.record chooses at import time).
+The extensions are optional: with no C compiler, or when compiling fails, the install still
+succeeds and evq runs its pure-Python loops (evq.domain.record and
+evq.backends.mmapfile.kernels choose at import time).
 """
 
 from setuptools import Extension, setup
@@ -13,7 +15,9 @@ except ImportError:  # a build without Cython (pyproject's build requires bring 
     extensions = []
 else:
     extensions = cythonize(
-        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"])],
+        [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"]),
+         Extension("evq.backends.mmapfile.store_kernels",
+                   ["evq/backends/mmapfile/store_kernels.pyx"])],
         compiler_directives={"language_level": "3"}, quiet=True)
     for extension in extensions:
         extension.optional = True  # set after cythonize, which drops the flag
