@@ -232,6 +232,31 @@ def test_a_workload_of_every_rare_step_leaves_the_same_files(tmp_path: Path) -> 
     assert sum(name.startswith("index/") for name in files) > 2
 
 
+@attrs.define
+class LookAlike:
+    """Not a PutRecord, with its fields: the compiled loop reads PutRecord's slots directly
+    and anything else through getattr, as the pure loop does."""
+
+    data: bytes
+    topic: str
+    queue_id: int
+    sysflag: int
+    tags_code: int
+    keys: tuple[str, ...]
+    key_hashes: tuple[int, ...]
+
+
+@needs_compiled
+def test_records_of_another_class_append_as_put_records_do(tmp_path: Path) -> None:
+    config = StoreConfig(commitlog_segment_size=4096, consume_queue_entries=2, index_slots=7,
+                         index_entries=4, warm_segments=False)
+    records = [put_record(new_message("T", b"x" * n, keys=f"k{n}", compress_over=None))
+               for n in range(0, 2000, 150)]
+    look_alikes = [LookAlike(*attrs.astuple(r, recurse=False)) for r in records]
+    expected = run(PureLog, tmp_path / "pure", Workload(config, [records]))
+    assert run(CompiledLog, tmp_path / "compiled", Workload(config, [look_alikes])) == expected
+
+
 # --- the index loop, alone ------------------------------------------------------------------
 
 

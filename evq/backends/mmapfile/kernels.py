@@ -41,7 +41,7 @@ def _compiled() -> StoreKernels | None:
     except ImportError:
         return None
     store_kernels.bind(
-        dispatched=Dispatched, no_queue_entry=append_loop.NO_QUEUE_ENTRY,
+        dispatched=Dispatched, put_record=rec.PutRecord, no_queue_entry=append_loop.NO_QUEUE_ENTRY,
         host_v6=append_loop.HOST_V6, sysflag_low_at=append_loop.SYSFLAG_LOW_AT,
         store_at=append_loop.STORE_AT, store_end=append_loop.STORE_END,
         queue_offset_at=rec.QUEUE_OFFSET_AT, physical_offset_at=rec.PHYSICAL_OFFSET_AT,
