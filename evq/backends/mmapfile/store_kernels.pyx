@@ -18,6 +18,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -38,6 +39,13 @@ cdef extern from "Python.h":
 
 # Bound by bind(): the numbers of evq's layouts (the modules that draw them own them).
 cdef object Dispatched = None
+cdef object object_new = object.__new__
+DISPATCHED_FIELDS = ("topic", "queue_id", "queue_offset", "physical_offset", "size",
+                     "tags_code", "store_timestamp", "sysflag")
+# Where a Dispatched keeps each of DISPATCHED_FIELDS: a frozen attrs class sets each field
+# through object.__setattr__ in its __init__, a microsecond a record, more than the rest of
+# the loop, and the broker always has a subscriber to hand them to.
+cdef Py_ssize_t DISPATCHED_AT[8]
 cdef type PutRecord = None
 # Where a PutRecord keeps each field (its slots), read without a getattr call each: six a
 # record were a tenth of the loop.
@@ -66,6 +74,12 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
             or index_entry_size != 20 or index_header_size != 40):
         raise RuntimeError("a store layout changed: store_kernels.pyx writes the old one")
+    fields = [(a.name, a.validator, a.converter) for a in dispatched.__attrs_attrs__]
+    if (fields != [(name, None, None) for name in DISPATCHED_FIELDS]
+            or hasattr(dispatched, "__attrs_post_init__")):
+        raise RuntimeError(f"Dispatched changed: {fields}")
+    for k, name in enumerate(DISPATCHED_FIELDS):
+        DISPATCHED_AT[k] = slot_at(dispatched, name)
     Dispatched = dispatched
     PutRecord = put_record
     AT_DATA, AT_TOPIC, AT_QUEUE_ID = (slot_at(put_record, "data"), slot_at(put_record, "topic"),
@@ -96,6 +110,28 @@ cdef inline object field(object r, Py_ssize_t at, str name):
     if value is NULL:
         return getattr(r, name)  # never set: getattr raises what it raises
     return <object>value
+
+
+cdef inline void set_new(object obj, Py_ssize_t at, object value):
+    """Set a slot of an object just made (the slot is empty, nothing to release)."""
+    Py_INCREF(value)
+    (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
+
+
+cdef object new_dispatched(object topic, object queue_id, object queue_offset,
+                           object physical_offset, object size, object tags_code,
+                           object store_timestamp, object sysflag):
+    """``Dispatched(...)``, its slots set directly (see DISPATCHED_AT)."""
+    d = object_new(Dispatched)
+    set_new(d, DISPATCHED_AT[0], topic)
+    set_new(d, DISPATCHED_AT[1], queue_id)
+    set_new(d, DISPATCHED_AT[2], queue_offset)
+    set_new(d, DISPATCHED_AT[3], physical_offset)
+    set_new(d, DISPATCHED_AT[4], size)
+    set_new(d, DISPATCHED_AT[5], tags_code)
+    set_new(d, DISPATCHED_AT[6], store_timestamp)
+    set_new(d, DISPATCHED_AT[7], sysflag)
+    return d
 
 
 # --- big-endian writes ------------------------------------------------------------------------
@@ -229,8 +265,8 @@ def append_records(object run, Py_ssize_t i) -> int:
                 tags = field(r, AT_TAGS_CODE, "tags_code")
                 cq_put(cq, qo, phys, n, tags)
                 if notify is not None:
-                    notify.append(Dispatched(topic, queue_id, qo, phys_obj, n, tags, now,
-                                             (sysflag & ~HOST_V6) | v6))
+                    notify.append(new_dispatched(topic, queue_id, qo, phys_obj, n, tags, now,
+                                                 (sysflag & ~HOST_V6) | v6))
             hashes = field(r, AT_KEY_HASHES, "key_hashes")
             if hashes:
                 indexed.append((hashes, phys_obj))
