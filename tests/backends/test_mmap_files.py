@@ -19,6 +19,7 @@ from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
+    WARM_AHEAD,
     WARM_CHUNK,
     Allocator,
     MappedFile,
@@ -203,6 +204,29 @@ def test_the_allocator_faults_in_the_chunks_ahead_of_the_writer(tmp_path: Path) 
         allocator.take(tmp_path / "00000000000012582912", mf.end, mf.size).destroy()
         pages = 2 * WARM_CHUNK // mmap.PAGESIZE
         assert _faults_writing(mf.mm, WARM_CHUNK, 3 * WARM_CHUNK) <= pages // 10
+    finally:
+        allocator.close()
+        mf.close()
+
+
+def test_the_allocator_keeps_tens_of_megabytes_warm_ahead_of_the_writer(tmp_path: Path) -> None:
+    """The warming thread lags the writer (the GIL, a busy machine), so it works 32 MiB
+    ahead, not one chunk: the chunk that far is faulted in (dirty, as a write leaves a page)
+    while the writer is still in its first."""
+    path = tmp_path / "00000000000000000000"
+    lead = 32 * 1024 * 1024
+    mf = MappedFile(path, 0, lead + 2 * WARM_CHUNK, create=True)
+    if not prefault(mf.mm, mmap.PAGESIZE):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    allocator = Allocator()
+    try:
+        allocator.warm_ahead(mf, WARM_CHUNK // 2)
+        allocator.prefetch(mf)  # warmed before built: once take has it, the chunks are warm
+        allocator.take(tmp_path / segment_name(mf.end), mf.end, mf.size).destroy()
+        pages = WARM_CHUNK // mmap.PAGESIZE
+        # (Not all: writeback under memory pressure may clean a page meanwhile.)
+        assert dirty_pages(path, lead, lead + WARM_CHUNK) >= pages // 2
+        assert dirty_pages(path, (WARM_AHEAD + 1) * WARM_CHUNK, mf.size) == 0  # no further
     finally:
         allocator.close()
         mf.close()
