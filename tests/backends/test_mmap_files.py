@@ -7,6 +7,7 @@ import mmap
 import os
 import resource
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,27 @@ def test_the_allocator_keeps_tens_of_megabytes_warm_ahead_of_the_writer(tmp_path
     finally:
         allocator.close()
         mf.close()
+
+
+def test_a_store_warms_where_its_appends_go_when_it_opens(tmp_path: Path) -> None:
+    """Before its first append, so that the first burst after a start does not race the
+    warming (it did: the first warm request came with the first append)."""
+    probe = _mapped(tmp_path, mmap.PAGESIZE)
+    supported = prefault(probe.mm, mmap.PAGESIZE)
+    probe.close()
+    if not supported:
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    config = StoreConfig(commitlog_segment_size=64 * 1024 * 1024)
+    log = open_log("mmap", tmp_path / "store", config, background=False)
+    try:
+        segment = tmp_path / "store" / "commitlog" / segment_name(0)
+        deadline = time.monotonic() + 10.0
+        while dirty_pages(segment, WARM_CHUNK, 2 * WARM_CHUNK) < WARM_CHUNK // mmap.PAGESIZE // 2:
+            if time.monotonic() > deadline:
+                raise AssertionError("gave up after 10 s waiting for the second chunk to be warm")
+            time.sleep(0.01)
+    finally:
+        log.close()
 
 
 # --- the IndexFile -------------------------------------------------------------------------------

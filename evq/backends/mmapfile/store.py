@@ -182,6 +182,9 @@ class MmapMessageLog(StoreShell):
                 raise
             log.warning("store_opened_on_full_disk", path=str(self.root), error=str(exc))
             self._found_no_space(exc)
+        last = self._log.last()
+        if last is not None:  # warm where appends go before the first asks (see _warm_ahead)
+            self._warm_ahead(last, last.wrote)
         self._index.prepare(self._clock.now_ms())
         if self._pool is not None:
             self._committer = CommitService(
@@ -479,14 +482,19 @@ class MmapMessageLog(StoreShell):
                 self._put_index(run.indexed, now)
             mf, pos = run.mf, run.pos
             self._dispatched = run.start + pos
-            if run.start + pos >= self._warm_at:
-                self._warm_at = self._allocator.warm_ahead(mf, pos)
+            self._warm_ahead(mf, pos)
             if run.notify:
                 if self._committer is not None:  # announced once they are in the file
                     self._committer.defer(run.start + pos, run.notify)
                 else:
                     self._subscribers.notify(run.notify)
         return AppendedBatch(run.places, now, self._host)
+
+    def _warm_ahead(self, mf: MappedFile, pos: int) -> None:
+        """Have the allocator fault in the pages past ``pos`` of the write segment ``mf``
+        whenever the writer crosses into a new chunk (see :meth:`Allocator.warm_ahead`)."""
+        if mf.start + pos >= self._warm_at:
+            self._warm_at = self._allocator.warm_ahead(mf, pos)
 
     def _room(self, mf: MappedFile) -> int:
         """How far records go into ``mf`` before a rare step: each must leave room for the
