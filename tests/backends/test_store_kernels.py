@@ -5,10 +5,10 @@ Two mmap stores, one running each, take the same random workload: batches of rec
 topics and queues, with and without index keys, prepared and committed transactions, IPv6
 hosts, illegal sizes, with and without the transient store pool, on segments, ConsumeQueue
 files and index files small enough that every batch meets a rare step (a roll, an
-allocation, a new queue or queue file, a full index file).  They must return the same results, announce the same dispatches and leave the same
-commitlog, consumequeue and index files, byte for byte.  The module also checks that the
-compiled loops are the ones in use wherever a C compiler exists, and runs the store tests
-once more on the pure path.
+allocation, a new queue or queue file, a full index file).  They must return the same
+results, announce the same dispatches and leave the same commitlog, consumequeue and index
+files, byte for byte.  The module also checks that the compiled loops are the ones in use
+wherever a C compiler exists, and runs the store tests once more on the pure path.
 """
 
 from __future__ import annotations
