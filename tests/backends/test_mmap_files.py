@@ -18,8 +18,10 @@ from evq.backends.config import StoreConfig
 from evq.backends.flush import Flusher
 from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, AppendedBatch
+from evq.backends.mmapfile.consume_queue import ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
+    ALLOCATION_CHUNK,
     WARM_AHEAD,
     WARM_CHUNK,
     Allocator,
@@ -252,6 +254,26 @@ def test_a_store_warms_where_its_appends_go_when_it_opens(tmp_path: Path) -> Non
             time.sleep(0.01)
     finally:
         log.close()
+
+
+# --- the ConsumeQueue --------------------------------------------------------------------------
+
+
+def test_a_queue_entry_across_an_allocation_chunk_end_is_allocated_whole(tmp_path: Path) -> None:
+    """A megabyte is not a multiple of 20 bytes: entry 52,428 starts inside the first chunk
+    and ends past it.  Preparing it allocates the next chunk (and says so in ready_below),
+    rather than leave its last bytes on blocks the file system never promised."""
+    cq = ConsumeQueue("T", 0, tmp_path / "T" / "0", 60_000)
+    straddling = ALLOCATION_CHUNK // ENTRY_SIZE
+    assert straddling * ENTRY_SIZE < ALLOCATION_CHUNK < (straddling + 1) * ENTRY_SIZE
+    try:
+        cq.prepare(0)
+        assert cq.ready_below == straddling  # the entries wholly in the first chunk
+        cq.prepare(straddling)
+        assert cq.ready_below > straddling
+        assert cq.files.files[0].allocated >= (straddling + 1) * ENTRY_SIZE
+    finally:
+        cq.close()
 
 
 # --- the IndexFile -------------------------------------------------------------------------------

@@ -255,6 +255,21 @@ def test_a_workload_of_every_rare_step_leaves_the_same_files(tmp_path: Path) -> 
     assert sum(name.startswith("index/") for name in files) > 2
 
 
+@needs_compiled
+def test_a_queue_past_its_first_allocation_chunk_appends_on(tmp_path: Path) -> None:
+    """ConsumeQueue files are allocated a megabyte at a time and one entry in 52,429 crosses
+    a chunk's end: the loop stopped there for ever (its rare step found the entry's start
+    allocated and did nothing) until the rare step and the loop agreed on the whole entry."""
+    config = StoreConfig(commitlog_segment_size=16 * 1024 * 1024, warm_segments=False)
+    record = put_record(new_message("T", b"", compress_over=None))
+    count = 1024 * 1024 // 20 + 100
+    work = Workload(config, [[record] * 1000 for _ in range(count // 1000 + 1)])
+    pure = run(PureLog, tmp_path / "pure", work)
+    assert pure[0][-1][0] == "value" and pure[0][-1][1][-1].queue_offset == len(
+        work.batches) * 1000 - 1
+    assert run(CompiledLog, tmp_path / "compiled", work) == pure
+
+
 @attrs.define
 class LookAlike:
     """Not a PutRecord, with its fields: the compiled loop reads PutRecord's slots directly

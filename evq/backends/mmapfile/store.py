@@ -463,11 +463,14 @@ class MmapMessageLog(StoreShell):
                 patch_v6=self._patch_store_fields,
                 notify=[] if self._subscribers else None,
             )
-            append_records, count, i = self.kernels.append_records, len(records), 0
+            append_records, count, i, prepared = self.kernels.append_records, len(records), 0, -1
             try:
                 # The loop appends records while they take the fast path; the rare steps
                 # between are taken here (see append_loop).
                 while (i := append_records(run, i)) < count:
+                    if i == prepared:  # its rare step left it off the fast path: a bug
+                        raise RuntimeError(f"the append loop stopped twice at record {i}")
+                    prepared = i
                     i += self._prepare_record(run, records[i])
             except OSError as exc:
                 if not disk.no_space(exc):

@@ -167,7 +167,7 @@ cdef int cq_put(object cq, int64_t qo, int64_t phys, Py_ssize_t n, object tags) 
     if last is not None and PyLong_CheckExact(tags):
         tags_code = PyLong_AsLongLongAndOverflow(tags, &overflow)
         rel = qo * CQ_ENTRY_SIZE - <int64_t>last.start
-        if not overflow and 0 <= rel < <int64_t>last.allocated:
+        if not overflow and 0 <= rel <= <int64_t>last.allocated - CQ_ENTRY_SIZE:
             writable(last.mm, &view)
             try:
                 if rel + CQ_ENTRY_SIZE > view.len:
