@@ -1,17 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twins of the store's hot loops: :func:`evq.backends.mmapfile.append_loop.append_records`
-and :func:`evq.backends.mmapfile.index_file.put_entries`, which stay the reference and the
-fallback (evq.backends.mmapfile.kernels chooses).
+"""Compiled twins of the store's hot loops: ``append_records`` of
+evq.backends.mmapfile.append_loop and ``put_entries`` of evq.backends.mmapfile.index_file,
+which stay the reference and the fallback (evq.backends.mmapfile.kernels chooses).
 
 Each twin reads and leaves the same state as its reference, writes the same bytes, and stops
 where it stops; tests/backends/test_store_kernels.py checks that over random workloads.  What
 is rare stays Python, called from here where the reference calls it: the store fields of a
 record with an IPv6 host (``run.patch_v6``), a ConsumeQueue entry outside its last file's
-allocated part (:meth:`ConsumeQueue.put`), the :class:`Dispatched` of each record when the log
-has subscribers.
+allocated part (:meth:`ConsumeQueue.put`), the fields of a record that is no PutRecord.
 
-The module imports nothing from evq: :func:`bind` hands it the layout numbers and the class it
-builds, once, when evq.backends.mmapfile.kernels loads it.
+The module imports nothing from evq: :func:`bind` hands it the layout numbers and the classes
+it reads and builds, once, when evq.backends.mmapfile.kernels loads it.
 """
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
