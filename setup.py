@@ -1,9 +1,10 @@
-"""Builds the optional compiled kernels (the record codec, evq/domain/record_kernels.pyx, and
-the remoting frame's, evq/net/frame_kernels.pyx); pyproject.toml holds everything else.
+"""Builds the optional compiled kernels: the record codec's (evq/domain/record_kernels.pyx), the
+remoting frame's (evq/net/frame_kernels.pyx) and the mmap store's append and index loops
+(evq/backends/mmapfile/store_kernels.pyx); pyproject.toml holds everything else.
 
 The extensions are optional: with no C compiler, or when compiling fails, the install still
-succeeds and evq runs the pure-Python code (evq.domain.record and evq.net.protocol choose at
-import time).
+succeeds and evq runs the pure-Python code (evq.domain.record, evq.net.protocol and
+evq.backends.mmapfile.kernels choose at import time).
 """
 
 from setuptools import Extension, setup
@@ -15,7 +16,9 @@ except ImportError:  # a build without Cython (pyproject's build requires bring 
 else:
     extensions = cythonize(
         [Extension("evq.domain.record_kernels", ["evq/domain/record_kernels.pyx"]),
-         Extension("evq.net.frame_kernels", ["evq/net/frame_kernels.pyx"])],
+         Extension("evq.net.frame_kernels", ["evq/net/frame_kernels.pyx"]),
+         Extension("evq.backends.mmapfile.store_kernels",
+                   ["evq/backends/mmapfile/store_kernels.pyx"])],
         compiler_directives={"language_level": "3"}, quiet=True)
     for extension in extensions:
         extension.optional = True  # set after cythonize, which drops the flag

@@ -7,6 +7,7 @@ import mmap
 import os
 import resource
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,13 @@ from hypothesis import strategies as st
 
 from evq.backends.config import StoreConfig
 from evq.backends.flush import Flusher
+from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
+from evq.backends.mmapfile.consume_queue import ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
 from evq.backends.mmapfile.mapped_file import (
+    ALLOCATION_CHUNK,
+    WARM_AHEAD,
     WARM_CHUNK,
     Allocator,
     MappedFile,
@@ -25,7 +30,6 @@ from evq.backends.mmapfile.mapped_file import (
     prefault,
     segment_name,
 )
-from evq.backends.mmapfile.store import _NO_QUEUE_ENTRY
 from evq.backends.registry import open_log
 from evq.domain import sysflag as sf
 from evq.domain.hashing import index_key_hash
@@ -37,7 +41,7 @@ from tests.pagecache import dirty_pages
 
 def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
     for sysflag in range(1 << 12):
-        assert bool(sysflag & _NO_QUEUE_ENTRY) == (
+        assert bool(sysflag & NO_QUEUE_ENTRY) == (
             sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE
         ), sysflag
 
@@ -237,6 +241,70 @@ def test_the_allocator_faults_in_the_chunks_ahead_of_the_writer(tmp_path: Path) 
     finally:
         allocator.close()
         mf.close()
+
+
+def test_the_allocator_keeps_tens_of_megabytes_warm_ahead_of_the_writer(tmp_path: Path) -> None:
+    """The warming thread lags the writer (the GIL, a busy machine), so it works 32 MiB
+    ahead, not one chunk: the chunk that far is faulted in (dirty, as a write leaves a page)
+    while the writer is still in its first."""
+    path = tmp_path / "00000000000000000000"
+    lead = 32 * 1024 * 1024
+    mf = MappedFile(path, 0, lead + 2 * WARM_CHUNK, create=True)
+    if not prefault(mf.mm, mmap.PAGESIZE):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    allocator = Allocator()
+    try:
+        allocator.warm_ahead(mf, WARM_CHUNK // 2)
+        allocator.prefetch(mf)  # warmed before built: once take has it, the chunks are warm
+        allocator.take(tmp_path / segment_name(mf.end), mf.end, mf.size).destroy()
+        pages = WARM_CHUNK // mmap.PAGESIZE
+        # (Not all: writeback under memory pressure may clean a page meanwhile.)
+        assert dirty_pages(path, lead, lead + WARM_CHUNK) >= pages // 2
+        assert dirty_pages(path, (WARM_AHEAD + 1) * WARM_CHUNK, mf.size) == 0  # no further
+    finally:
+        allocator.close()
+        mf.close()
+
+
+def test_a_store_warms_where_its_appends_go_when_it_opens(tmp_path: Path) -> None:
+    """Before its first append, so that the first burst after a start does not race the
+    warming (it did: the first warm request came with the first append)."""
+    probe = _mapped(tmp_path, mmap.PAGESIZE)
+    supported = prefault(probe.mm, mmap.PAGESIZE)
+    probe.close()
+    if not supported:
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    config = StoreConfig(commitlog_segment_size=64 * 1024 * 1024)
+    log = open_log("mmap", tmp_path / "store", config, background=False)
+    try:
+        segment = tmp_path / "store" / "commitlog" / segment_name(0)
+        deadline = time.monotonic() + 10.0
+        while dirty_pages(segment, WARM_CHUNK, 2 * WARM_CHUNK) < WARM_CHUNK // mmap.PAGESIZE // 2:
+            if time.monotonic() > deadline:
+                raise AssertionError("gave up after 10 s waiting for the second chunk to be warm")
+            time.sleep(0.01)
+    finally:
+        log.close()
+
+
+# --- the ConsumeQueue --------------------------------------------------------------------------
+
+
+def test_a_queue_entry_across_an_allocation_chunk_end_is_allocated_whole(tmp_path: Path) -> None:
+    """A megabyte is not a multiple of 20 bytes: entry 52,428 starts inside the first chunk
+    and ends past it.  Preparing it allocates the next chunk (and says so in ready_below),
+    rather than leave its last bytes on blocks the file system never promised."""
+    cq = ConsumeQueue("T", 0, tmp_path / "T" / "0", 60_000)
+    straddling = ALLOCATION_CHUNK // ENTRY_SIZE
+    assert straddling * ENTRY_SIZE < ALLOCATION_CHUNK < (straddling + 1) * ENTRY_SIZE
+    try:
+        cq.prepare(0)
+        assert cq.ready_below == straddling  # the entries wholly in the first chunk
+        cq.prepare(straddling)
+        assert cq.ready_below > straddling
+        assert cq.files.files[0].allocated >= (straddling + 1) * ENTRY_SIZE
+    finally:
+        cq.close()
 
 
 # --- the IndexFile -------------------------------------------------------------------------------

@@ -48,8 +48,9 @@ class ConsumeQueue:
         self._last: MappedFile | None = None
         self.ready_below = 0
         """Queue offsets from the last file's start up to this one :meth:`put` writes without
-        allocating: the append path calls :meth:`prepare` only for an offset past it (its
-        next offset never lies before the last file)."""
+        allocating (their entries wholly allocated): the append path calls :meth:`prepare`
+        only for an offset past it (its next offset never lies before the last file), which
+        moves it past that offset."""
         self._times = TimeSamples()
 
     # --- writing (dispatch) ---------------------------------------------------------------
@@ -60,7 +61,7 @@ class ConsumeQueue:
         append path calls this before it writes the record the entry will name."""
         mf = self._last
         pos = queue_offset * ENTRY_SIZE
-        if mf is None or not 0 <= pos - mf.start < mf.allocated:
+        if mf is None or not 0 <= pos - mf.start <= mf.allocated - ENTRY_SIZE:
             self._segment_for(pos)
 
     def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> None:
@@ -70,7 +71,9 @@ class ConsumeQueue:
         :meth:`prepare`)."""
         pos = queue_offset * ENTRY_SIZE
         mf = self._last
-        if mf is None or not 0 <= pos - mf.start < mf.allocated:
+        # The whole entry within the allocated blocks: an allocation chunk (1 MiB) is not a
+        # multiple of an entry, and one entry in 52,429 straddles a chunk's end.
+        if mf is None or not 0 <= pos - mf.start <= mf.allocated - ENTRY_SIZE:
             mf = self._segment_for(pos)
         rel = pos - mf.start
         _pack_entry(mf.mm, rel, physical_offset, size, tags_code)

@@ -29,9 +29,11 @@ them at random places, and a native ``int`` view of the slot area does that in h
 
 from __future__ import annotations
 
+import mmap
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from evq import durable_fs
@@ -56,6 +58,42 @@ def index_file_size(slots: int, max_entries: int) -> int:
 def index_file_name(ms: int) -> str:
     t = time.localtime(ms / 1000)
     return time.strftime("%Y%m%d%H%M%S", t) + f"{ms % 1000:03d}"
+
+
+PutEntries = Callable[
+    [mmap.mmap, memoryview, int, int, list[tuple[tuple[int, ...], int]], int, int, int, int,
+     int],
+    tuple[int, int, int]]
+"""The signature of :func:`put_entries` and of its compiled twin."""
+
+
+def put_entries(
+    mm: mmap.mmap, slot: memoryview, slots: int, base: int,
+    items: list[tuple[tuple[int, ...], int]], done: int, count: int, used: int, limit: int,
+    diff: int,
+) -> tuple[int, int, int]:
+    """Write the entries of ``items[done:]`` from entry ``count`` on while an item's entries
+    all fit below entry ``limit`` (the file's end, or the end of its allocated blocks); returns
+    ``(done, count, used)`` moved past what was written: items, entries, slots newly in use.
+
+    The reference of ``put_entries`` in store_kernels.pyx: :meth:`IndexFile.put` runs one or
+    the other, and takes the allocation where it stops.  ``slot``: the slot table, a native
+    ``int`` view of the mapping.
+    """
+    pack_entry = ENTRY.pack_into
+    for hashes, phys in items[done:]:
+        if count + len(hashes) > limit:
+            break
+        for h in hashes:
+            s = h % slots
+            head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
+            if not head:
+                used += 1
+            pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
+            slot[s] = count
+            count += 1
+        done += 1
+    return done, count, used
 
 
 class IndexFile:
@@ -133,46 +171,40 @@ class IndexFile:
         at = self.base + start * ENTRY_SIZE
         self.file.mm[at : at + (end - start) * ENTRY_SIZE] = bytes((end - start) * ENTRY_SIZE)
 
-    def put(self, items: list[tuple[tuple[int, ...], int]], store_ts: int) -> int:
+    def put(self, items: list[tuple[tuple[int, ...], int]], store_ts: int,
+            put_entries: PutEntries = put_entries) -> int:
         """Index ``(key hashes, log offset)`` items stored at ``store_ts``; returns how many
         items were indexed completely (the caller moves the rest to a new file).
 
         This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
-        appended batch, so the loop keeps everything in locals.  Each entry is written before
-        the slot that names it and the header counts them last: a process killed anywhere
-        leaves every chain reachable.  An item's entries are allocated before any is written
-        (a chunk ahead); when the disk has no room this raises ``OSError`` (ENOSPC), the items
-        before it indexed and counted.
+        appended batch.  Each entry is written before the slot that names it and the header
+        counts them last: a process killed anywhere leaves every chain reachable.  An item's
+        entries are allocated before any is written (a chunk ahead); when the disk has no room
+        this raises ``OSError`` (ENOSPC), the items before it indexed and counted.
+
+        ``put_entries``: the loop that writes entries while they need no allocation
+        (:func:`put_entries` or its compiled twin); the allocation between is taken here.
         """
-        mm, slot, slots, base = self.file.mm, self.slot, self.slots, self.base
+        file, base, max_entries = self.file, self.base, self.max_entries
         count = self.count
-        room = self.max_entries - count
-        allocated = (self.file.allocated - base) // ENTRY_SIZE  # entries whose blocks exist
         if count == 1:
             self.begin_ts, self.begin_phys = store_ts, items[0][1]
         diff = (store_ts - self.begin_ts) // 1000
         if not 0 <= diff <= MAX_TIME_DIFF:
             diff = 0 if diff < 0 else MAX_TIME_DIFF
-        pack_entry = ENTRY.pack_into
         done = used = 0
         try:
-            for hashes, phys in items:
-                n = len(hashes)
-                room -= n
-                if room < 0:
+            while done < len(items):
+                allocated = (file.allocated - base) // ENTRY_SIZE  # entries whose blocks exist
+                done, count, used = put_entries(file.mm, self.slot, self.slots, base, items,
+                                                done, count, used, min(max_entries, allocated),
+                                                diff)
+                if done == len(items):
                     break
-                if count + n > allocated:
-                    self.file.reserve(base + (count + n) * ENTRY_SIZE)
-                    allocated = (self.file.allocated - base) // ENTRY_SIZE
-                for h in hashes:
-                    s = h % slots
-                    head = slot[s]  # always a counted entry (see _drop_uncounted), 0 for none
-                    if not head:
-                        used += 1
-                    pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
-                    slot[s] = count
-                    count += 1
-                done += 1
+                end = count + len(items[done][0])
+                if end > max_entries:  # the file is full: the rest go to the next one
+                    break
+                file.reserve(base + end * ENTRY_SIZE)
         finally:
             if done:
                 self.count = count
@@ -258,9 +290,13 @@ class IndexService:
     """
 
     def __init__(
-        self, directory: Path, slots: int, max_entries: int, allocator: Allocator | None = None
+        self, directory: Path, slots: int, max_entries: int, allocator: Allocator | None = None,
+        put_entries: PutEntries = put_entries,
     ):
+        """``put_entries``: the entry-writing loop :meth:`IndexFile.put` runs (the pure one
+        or its compiled twin)."""
         self.directory = directory
+        self._put_entries = put_entries
         self.slots = slots
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
@@ -287,7 +323,7 @@ class IndexService:
             return
         f = self.files[-1] if self.files else self._new_file(store_ts)
         while True:
-            done = f.put(items, store_ts)
+            done = f.put(items, store_ts, self._put_entries)
             if done == len(items):
                 if f.count >= self._spare_at:
                     self.prepare(store_ts)

@@ -6,13 +6,18 @@ the mapping and advance ``wrote``; flushers make ``[flushed, wrote)`` durable wi
 
 A fresh page costs about 8 us on first write (allocation, zeroing, a write fault), and a page
 the kernel has written back costs a write fault again.  The :class:`Allocator` creates the
-next segment ahead of need and pre-faults pages writable a chunk ahead of the writer with
-``madvise(MADV_POPULATE_WRITE)`` called through ctypes, which runs without the GIL: the
-append path then writes into pages that are already there, as RocketMQ's allocate-and-warm
-service arranges for its CommitLog.  Only a chunk ahead, not a whole segment: the kernel
-writes dirty pages back within ``dirty_expire`` (30 s) or as soon as they pile up past the
-background ratio, so most of a gigabyte warmed at once would be written to disk as zeros and
-be cold again before the writer got there.
+next segment ahead of need and pre-faults pages writable :data:`WARM_AHEAD` chunks ahead of
+the writer with ``madvise(MADV_POPULATE_WRITE)`` called through ctypes, which runs without
+the GIL: the append path then writes into pages that are already there, as RocketMQ's
+allocate-and-warm service arranges for its CommitLog.  Tens of megabytes ahead, because the
+warming thread lags: it waits for the GIL to start and to finish each request (a switch
+interval, 5 ms, each while the writer holds it), and on a busy machine for a core, while a
+compiled append loop fills a 4 MiB chunk in a few milliseconds; whatever the warming has not
+reached, the writer faults in itself, holding the GIL (on this VM zeroing a fresh page ran at
+about 1 GB/s: a microsecond a 1 KiB message).  Not a whole segment: the kernel writes dirty
+pages back within ``dirty_expire`` (30 s) or as soon as they pile up past the background
+ratio, so most of a gigabyte warmed at once would be written to disk as zeros and be cold
+again before the writer got there.
 
 msync goes through ctypes too: CPython's ``mmap.flush`` holds the GIL for the whole system
 call (hundreds of microseconds to milliseconds on a real disk), which would stop every
@@ -50,6 +55,7 @@ log = logs.get_logger(__name__)
 
 NAME_DIGITS = 20
 WARM_CHUNK = 4 * 1024 * 1024  # pre-faulted ahead of the writer: ~1 ms to fault, ~10 ms to fill
+WARM_AHEAD = 8  # chunks kept warm past the writer's own (see the module docstring)
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14; absent from Python's mmap constants on 3.11
 MS_SYNC = 4  # Linux; Python's mmap module does not export the msync flags
 ALLOCATION_CHUNK = 1024 * 1024  # how far ahead of its writer a file is allocated (reserve)
@@ -338,11 +344,11 @@ class Allocator:
 
     def warm_ahead(self, mf: MappedFile, pos: int) -> int:
         """Fault in the pages ``mf``'s writer appends into (its mapping, or its transient
-        store pool buffer) from ``pos`` to the end of the chunk after the one holding ``pos``,
-        in the background; returns the log offset at which to ask again (the next chunk
-        boundary, where a whole chunk is still warm ahead)."""
+        store pool buffer) from ``pos`` to :data:`WARM_AHEAD` chunks past the one holding
+        ``pos``, in the background; returns the log offset at which to ask again (the next
+        chunk boundary: the pages warm already are walked again quickly)."""
         chunk = pos // WARM_CHUNK + 1
-        end = min(mf.size, (chunk + 1) * WARM_CHUNK)
+        end = min(mf.size, (chunk + WARM_AHEAD) * WARM_CHUNK)
         if end > pos:
             self._request(warm=(mf.writer, pos, end - pos))
         return mf.start + min(mf.size, chunk * WARM_CHUNK)

@@ -31,15 +31,18 @@ import struct
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from evq import durable_fs, logs
 from evq.backends import disk, rules
 from evq.backends.config import StoreConfig, transient_pool_refusal
+from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY, AppendRun
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.checkpoint import Checkpoint
 from evq.backends.mmapfile.commit import CommitService
 from evq.backends.mmapfile.consume_queue import BLANK_ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import IndexService
+from evq.backends.mmapfile.kernels import KERNELS, StoreKernels
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, MappedFileQueue, segment_name
 from evq.backends.mmapfile.point_reads import PointReads
 from evq.backends.mmapfile.transient_pool import TransientStorePool
@@ -66,18 +69,10 @@ from evq.domain.record import TagsCodeFn, default_tags_code
 
 log = logs.get_logger(__name__)
 
-_OFFSETS = rec.OFFSETS
 _STORE_V4 = rec.STORE_V4
 _BLANK = rec.BLANK
 _INT64 = rec.INT64
-_INT32 = rec.INT32
 _SYSFLAG = struct.Struct(">i")
-_HOST_V6 = sf.BORNHOST_V6 | sf.STOREHOST_V6  # in SYSFLAG's low byte, record byte 39
-_STORE_AT = rec.store_timestamp_at(0)  # STORETIMESTAMP + STOREHOSTADDRESS, IPv4 hosts
-_STORE_END = _STORE_AT + _STORE_V4.size
-# Prepared (0x4) and rollback (0xC) records get no ConsumeQueue entry, commit (0x8) and
-# plain (0) ones do: the append path tests this one bit instead of sf.NOT_CONSUMABLE.
-_NO_QUEUE_ENTRY = sf.TRANSACTION_PREPARED_TYPE
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
 _ESCAPED = "~"  # starts the directory name of a topic outside the legal alphabet
 
@@ -105,6 +100,9 @@ def _topic_of_dir(name: str) -> str:
 class MmapMessageLog(StoreShell):
     """Open (and recover) with :meth:`open`; see the module docstring for the layout."""
 
+    kernels: ClassVar[StoreKernels] = KERNELS
+    """The append and index loops this class runs (see :mod:`evq.backends.mmapfile.kernels`)."""
+
     def __init__(
         self,
         root: Path,
@@ -126,7 +124,7 @@ class MmapMessageLog(StoreShell):
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator, pool=self._pool)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
-                                   self._allocator)
+                                   self._allocator, self.kernels.put_entries)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
 
@@ -184,6 +182,9 @@ class MmapMessageLog(StoreShell):
                 raise
             log.warning("store_opened_on_full_disk", path=str(self.root), error=str(exc))
             self._found_no_space(exc)
+        last = self._log.last()
+        if last is not None:  # warm where appends go before the first asks (see _warm_ahead)
+            self._warm_ahead(last, last.wrote)
         self._index.prepare(self._clock.now_ms())
         if self._pool is not None:
             self._committer = CommitService(
@@ -441,7 +442,6 @@ class MmapMessageLog(StoreShell):
     # --- writing -------------------------------------------------------------------------
 
     def append(self, records: Sequence[rec.PutRecord]) -> AppendedBatch:
-        places: list[tuple[int, int, int]] = []
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
@@ -453,69 +453,25 @@ class MmapMessageLog(StoreShell):
                 now = self._last_store_ts
             self._last_store_ts = now
             mf = self._log.files[-1]
-            # The mapping, or with a transient store pool the buffer the commit service writes
-            # to the file: readers never look there (see _queue_end, MappedFile.read_end).
-            mm, start, pos, seg = mf.writer, mf.start, mf.wrote, mf.size
-            cqs, host = self._cqs, self._host
-            store_fields = _STORE_V4.pack(now, host)  # the same 16 bytes for a whole batch
-            min_size, limit = rec.MIN_RECORD_SIZE, self._max_record
-            fits = seg - rec.BLANK_SIZE  # a record must leave room for the BLANK after it
-            room = min(fits, mf.allocated - rec.BLANK_SIZE)  # and that BLANK is allocated
-            notify: list[Dispatched] | None = [] if self._subscribers else None
-            indexed: list[tuple[tuple[int, ...], int]] = []
-            pack_offsets = _OFFSETS.pack_into
-            add, add_indexed = places.append, indexed.append
+            # The writer is the mapping, or with a transient store pool the buffer the commit
+            # service writes to the file: readers never look there (see _queue_end,
+            # MappedFile.read_end).
+            run = AppendRun(
+                records=records, mf=mf, mm=mf.writer, start=mf.start, pos=mf.wrote,
+                room=self._room(mf), min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record,
+                now=now, store_fields=_STORE_V4.pack(now, self._host), cqs=self._cqs,
+                patch_v6=self._patch_store_fields,
+                notify=[] if self._subscribers else None,
+            )
+            append_records, count, i, prepared = self.kernels.append_records, len(records), 0, -1
             try:
-                for r in records:
-                    data = r.data
-                    n = len(data)
-                    if not min_size <= n <= limit:
-                        add(ILLEGAL)
-                        continue
-                    if pos + n > room:
-                        if pos + n > fits:
-                            if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end: none
-                                _BLANK.pack_into(mm, pos, seg - pos, rec.BLANK_MAGIC)
-                            mf.wrote = pos = seg
-                            mf = self._log.new_segment(mf.end)
-                            mm, start, pos = mf.writer, mf.start, 0
-                            self._note_usage()
-                        # Allocated before a byte of the record is written (or OSError).
-                        mf.reserve(pos + n + rec.BLANK_SIZE)
-                        room = min(fits, mf.allocated - rec.BLANK_SIZE)
-                    if r.sysflag & _NO_QUEUE_ENTRY:
-                        qo = 0
-                        cq = None
-                    else:
-                        key = (r.topic, r.queue_id)
-                        cq = cqs.get(key) or self._new_cq(*key)
-                        qo = cq.next_offset
-                        if qo >= cq.ready_below:  # may find no space: before the record
-                            cq.prepare(qo)
-                        cq.next_offset = qo + 1
-                    phys = start + pos
-                    mm[pos : pos + n] = data
-                    # The host widths are the bytes' own (Message.sysflag leaves the V6 bits to
-                    # the encoder), and decide where the store fields are patched.
-                    v6 = data[39] & _HOST_V6
-                    if v6:
-                        self._patch_store_fields(mm, pos, v6, now)
-                    else:
-                        mm[pos + _STORE_AT : pos + _STORE_END] = store_fields
-                    # PHYSICALOFFSET last: recovery takes a record whose PHYSICALOFFSET matches its
-                    # position as wholly patched, and STORETIMESTAMP has no CRC to tell otherwise.
-                    pack_offsets(mm, pos + rec.QUEUE_OFFSET_AT, qo, phys)
-                    pos += n
-                    mf.wrote = pos
-                    if cq is not None:
-                        cq.put(qo, phys, n, r.tags_code)
-                        if notify is not None:
-                            notify.append(Dispatched(r.topic, r.queue_id, qo, phys, n, r.tags_code,
-                                                     now, r.sysflag & ~_HOST_V6 | v6))
-                    hashes = r.key_hashes
-                    if hashes:
-                        add_indexed((hashes, phys))
-                    add((phys, n, qo))
+                # The loop appends records while they take the fast path; the rare steps
+                # between are taken here (see append_loop).
+                while (i := append_records(run, i)) < count:
+                    if i == prepared:  # its rare step left it off the fast path: a bug
+                        raise RuntimeError(f"the append loop stopped twice at record {i}")
+                    prepared = i
+                    i += self._prepare_record(run, records[i])
             except OSError as exc:
                 if not disk.no_space(exc):
                     raise
@@ -524,18 +480,58 @@ class MmapMessageLog(StoreShell):
                 # appended so far stay whole and the rest are refused, as is every put until
                 # there is room again (see evq.backends.shell).
                 self._found_no_space(exc)
-                places += [REFUSED] * (len(records) - len(places))
-            if indexed:
-                self._put_index(indexed, now)
-            self._dispatched = start + pos
-            if start + pos >= self._warm_at:
-                self._warm_at = self._allocator.warm_ahead(mf, pos)
-            if notify:
+                run.places += [REFUSED] * (count - len(run.places))
+            if run.indexed:
+                self._put_index(run.indexed, now)
+            mf, pos = run.mf, run.pos
+            self._dispatched = run.start + pos
+            self._warm_ahead(mf, pos)
+            if run.notify:
                 if self._committer is not None:  # announced once they are in the file
-                    self._committer.defer(start + pos, notify)
+                    self._committer.defer(run.start + pos, run.notify)
                 else:
-                    self._subscribers.notify(notify)
-        return AppendedBatch(places, now, host)
+                    self._subscribers.notify(run.notify)
+        return AppendedBatch(run.places, now, self._host)
+
+    def _warm_ahead(self, mf: MappedFile, pos: int) -> None:
+        """Have the allocator fault in the pages past ``pos`` of the write segment ``mf``
+        whenever the writer crosses into a new chunk (see :meth:`Allocator.warm_ahead`)."""
+        if mf.start + pos >= self._warm_at:
+            self._warm_at = self._allocator.warm_ahead(mf, pos)
+
+    def _room(self, mf: MappedFile) -> int:
+        """How far records go into ``mf`` before a rare step: each must leave room for the
+        BLANK after it, and that BLANK must be allocated."""
+        fits = mf.size - rec.BLANK_SIZE
+        return min(fits, mf.allocated - rec.BLANK_SIZE)
+
+    def _prepare_record(self, run: AppendRun, r: rec.PutRecord) -> int:
+        """The rare steps before record ``r`` (where :func:`append_records` stopped): returns
+        1 if it is refused as illegal (its place noted), else 0 once it will take the fast path:
+        the segment rolled or allocated further, its queue made and ready.  Raises ``OSError``
+        (ENOSPC) before any byte of it is written."""
+        n = len(r.data)
+        if not run.min_size <= n <= run.max_size:
+            run.places.append(ILLEGAL)
+            return 1
+        if run.pos + n > run.room:
+            mf, pos = run.mf, run.pos
+            seg = mf.size
+            if pos + n > seg - rec.BLANK_SIZE:
+                if pos + rec.BLANK_SIZE <= seg:  # a log cut at a segment end: none
+                    _BLANK.pack_into(run.mm, pos, seg - pos, rec.BLANK_MAGIC)
+                mf.wrote = seg
+                mf = self._log.new_segment(mf.end)
+                self._note_usage()
+            # Allocated before a byte of the record is written (or OSError).
+            mf.reserve(mf.wrote + n + rec.BLANK_SIZE)
+            run.at(mf, self._room(mf))
+        if not r.sysflag & NO_QUEUE_ENTRY:
+            key = (r.topic, r.queue_id)
+            cq = self._cqs.get(key) or self._new_cq(*key)
+            if cq.next_offset >= cq.ready_below:  # may find no space: before the record
+                cq.prepare(cq.next_offset)
+        return 0
 
     def _put_index(self, indexed: list[tuple[tuple[int, ...], int]], now: int) -> None:
         """Index appended records.  The index is the one projection a full disk may cost

@@ -1,0 +1,57 @@
+"""The store's hot loops: the pure-Python references or their compiled twins.
+
+The twins live in evq/backends/mmapfile/store_kernels.pyx and are built where a C compiler
+exists (setup.py).  They are used exactly where the record codec's are (see
+:func:`evq.domain.record._compiled_kernels`: built, and not turned off by
+:data:`~evq.domain.record.PURE_PYTHON_VARIABLE`), so one switch runs evq wholly pure.  Each
+twin must leave the same bytes and state as its reference; tests/backends/test_store_kernels.py
+checks that over random workloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from evq.backends.mmapfile import append_loop, consume_queue, index_file
+from evq.domain import record as rec
+from evq.domain.log import Dispatched
+
+
+@attrs.frozen(slots=True)
+class StoreKernels:
+    """One implementation of the store's loops (see :mod:`evq.backends.mmapfile.append_loop`
+    and :func:`evq.backends.mmapfile.index_file.put_entries` for what each does)."""
+
+    append_records: Callable[[append_loop.AppendRun, int], int]
+    put_entries: index_file.PutEntries
+
+
+PURE = StoreKernels(append_loop.append_records, index_file.put_entries)
+
+
+def _compiled() -> StoreKernels | None:
+    """The compiled twins, bound to the layout constants; None where the record codec runs
+    pure or they were not built."""
+    if rec.COMPILED is None:
+        return None
+    try:
+        from evq.backends.mmapfile import store_kernels
+    except ImportError:
+        return None
+    store_kernels.bind(
+        dispatched=Dispatched, put_record=rec.PutRecord, no_queue_entry=append_loop.NO_QUEUE_ENTRY,
+        host_v6=append_loop.HOST_V6, sysflag_low_at=append_loop.SYSFLAG_LOW_AT,
+        store_at=append_loop.STORE_AT, store_end=append_loop.STORE_END,
+        queue_offset_at=rec.QUEUE_OFFSET_AT, physical_offset_at=rec.PHYSICAL_OFFSET_AT,
+        cq_entry_size=consume_queue.ENTRY_SIZE, index_header_size=index_file.HEADER_SIZE,
+        index_entry_size=index_file.ENTRY_SIZE,
+    )
+    return StoreKernels(store_kernels.append_records, store_kernels.put_entries)
+
+
+COMPILED = _compiled()
+"""The compiled twins, or None where they are not built or not wanted."""
+KERNELS = COMPILED or PURE
+"""The loops this process runs."""

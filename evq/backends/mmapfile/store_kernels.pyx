@@ -1,0 +1,355 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twins of the store's hot loops: ``append_records`` of
+evq.backends.mmapfile.append_loop and ``put_entries`` of evq.backends.mmapfile.index_file,
+which stay the reference and the fallback (evq.backends.mmapfile.kernels chooses).
+
+Each twin reads and leaves the same state as its reference, writes the same bytes, and stops
+where it stops; tests/backends/test_store_kernels.py checks that over random workloads.  What
+is rare stays Python, called from here where the reference calls it: the store fields of a
+record with an IPv6 host (``run.patch_v6``), a ConsumeQueue entry outside its last file's
+allocated part (:meth:`ConsumeQueue.put`), the fields of a record that is no PutRecord.
+
+The module imports nothing from evq: :func:`bind` hands it the layout numbers and the classes
+it reads and builds, once, when evq.backends.mmapfile.kernels loads it.
+"""
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+from struct import error as struct_error
+from types import MemberDescriptorType
+
+cdef extern from *:
+    void prefetch "__builtin_prefetch"(const void*) noexcept nogil
+
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+    bint PyLong_CheckExact(object)
+    bint PyObject_TypeCheck(object, type)
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+# Bound by bind(): the numbers of evq's layouts (the modules that draw them own them).
+cdef object Dispatched = None
+cdef object object_new = object.__new__
+DISPATCHED_FIELDS = ("topic", "queue_id", "queue_offset", "physical_offset", "size",
+                     "tags_code", "store_timestamp", "sysflag")
+# Where a Dispatched keeps each of DISPATCHED_FIELDS: a frozen attrs class sets each field
+# through object.__setattr__ in its __init__, a microsecond a record, more than the rest of
+# the loop, and the broker always has a subscriber to hand them to.
+cdef Py_ssize_t DISPATCHED_AT[8]
+cdef type PutRecord = None
+# Where a PutRecord keeps each field (its slots), read without a getattr call each: six a
+# record were a tenth of the loop.
+cdef Py_ssize_t AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
+cdef Py_ssize_t NO_QUEUE_ENTRY = 0
+cdef Py_ssize_t HOST_V6 = 0
+cdef Py_ssize_t SYSFLAG_LOW_AT = 0
+cdef Py_ssize_t STORE_AT = 0
+cdef Py_ssize_t STORE_SIZE = 0
+cdef Py_ssize_t QUEUE_OFFSET_AT = 0
+cdef Py_ssize_t CQ_ENTRY_SIZE = 0
+cdef Py_ssize_t INDEX_ENTRY_SIZE = 0
+cdef bint bound = False
+
+
+def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, store_at, store_end,
+         queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
+         index_entry_size) -> None:
+    """Hand the kernels the layout numbers and the Dispatched class (called once, by
+    evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
+    (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
+    changed stops the import rather than write wrong bytes."""
+    global Dispatched, NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT, STORE_AT, STORE_SIZE
+    global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, bound
+    global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
+    if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
+            or index_entry_size != 20 or index_header_size != 40):
+        raise RuntimeError("a store layout changed: store_kernels.pyx writes the old one")
+    fields = [(a.name, a.validator, a.converter) for a in dispatched.__attrs_attrs__]
+    if (fields != [(name, None, None) for name in DISPATCHED_FIELDS]
+            or hasattr(dispatched, "__attrs_post_init__")):
+        raise RuntimeError(f"Dispatched changed: {fields}")
+    for k, name in enumerate(DISPATCHED_FIELDS):
+        DISPATCHED_AT[k] = slot_at(dispatched, name)
+    Dispatched = dispatched
+    PutRecord = put_record
+    AT_DATA, AT_TOPIC, AT_QUEUE_ID = (slot_at(put_record, "data"), slot_at(put_record, "topic"),
+                                      slot_at(put_record, "queue_id"))
+    AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES = (slot_at(put_record, "sysflag"),
+                                               slot_at(put_record, "tags_code"),
+                                               slot_at(put_record, "key_hashes"))
+    NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT = no_queue_entry, host_v6, sysflag_low_at
+    STORE_AT, STORE_SIZE = store_at, store_end - store_at
+    QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE = queue_offset_at, cq_entry_size, index_entry_size
+    bound = True
+
+
+cdef Py_ssize_t slot_at(type cls, str name) except -1:
+    descriptor = cls.__dict__.get(name)
+    if type(descriptor) is not MemberDescriptorType:
+        raise RuntimeError(f"{cls.__name__}.{name} is no longer a slot")
+    return (<PyMemberDescrObject*>descriptor).d_member.offset
+
+
+cdef inline object field(object r, Py_ssize_t at, str name):
+    """``getattr(r, name)`` for a PutRecord (or a subclass: slots keep their places), read
+    from its slot; any other object through getattr."""
+    cdef PyObject* value
+    if not PyObject_TypeCheck(r, PutRecord):
+        return getattr(r, name)
+    value = (<PyObject**>(<char*>(<PyObject*>r) + at))[0]
+    if value is NULL:
+        return getattr(r, name)  # never set: getattr raises what it raises
+    return <object>value
+
+
+cdef inline void set_new(object obj, Py_ssize_t at, object value):
+    """Set a slot of an object just made (the slot is empty, nothing to release)."""
+    Py_INCREF(value)
+    (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
+
+
+cdef object new_dispatched(object topic, object queue_id, object queue_offset,
+                           object physical_offset, object size, object tags_code,
+                           object store_timestamp, object sysflag):
+    """``Dispatched(...)``, its slots set directly (see DISPATCHED_AT)."""
+    d = object_new(Dispatched)
+    set_new(d, DISPATCHED_AT[0], topic)
+    set_new(d, DISPATCHED_AT[1], queue_id)
+    set_new(d, DISPATCHED_AT[2], queue_offset)
+    set_new(d, DISPATCHED_AT[3], physical_offset)
+    set_new(d, DISPATCHED_AT[4], size)
+    set_new(d, DISPATCHED_AT[5], tags_code)
+    set_new(d, DISPATCHED_AT[6], store_timestamp)
+    set_new(d, DISPATCHED_AT[7], sysflag)
+    return d
+
+
+# --- big-endian writes ------------------------------------------------------------------------
+
+
+cdef inline void put32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v >> 24
+    p[1] = v >> 16
+    p[2] = v >> 8
+    p[3] = v
+
+
+cdef inline void put64(uint8_t* p, uint64_t v) noexcept nogil:
+    put32(p, <uint32_t>(v >> 32))
+    put32(p + 4, <uint32_t>v)
+
+
+cdef inline int writable(object obj, Py_buffer* view) except -1:
+    return PyObject_GetBuffer(obj, view, PyBUF_WRITABLE)
+
+
+# --- the append loop --------------------------------------------------------------------------
+
+
+cdef int cq_put(object cq, int64_t qo, int64_t phys, Py_ssize_t n, object tags) except -1:
+    """ConsumeQueue.put's common case inlined: the entry inside the last file's allocated part
+    (where append_records's ready_below check puts it), a tags code that is an int64.
+    Anything else goes to the method itself."""
+    cdef Py_buffer view
+    cdef int overflow = 0
+    cdef int64_t rel, tags_code
+    last = cq._last
+    if last is not None and PyLong_CheckExact(tags):
+        tags_code = PyLong_AsLongLongAndOverflow(tags, &overflow)
+        rel = qo * CQ_ENTRY_SIZE - <int64_t>last.start
+        if not overflow and 0 <= rel <= <int64_t>last.allocated - CQ_ENTRY_SIZE:
+            writable(last.mm, &view)
+            try:
+                if rel + CQ_ENTRY_SIZE > view.len:
+                    raise IndexError("consume queue entry past its file")
+                p = <uint8_t*>view.buf + rel
+                put64(p, <uint64_t>phys)
+                put32(p + 8, <uint32_t>n)
+                put64(p + 12, <uint64_t>tags_code)
+            finally:
+                PyBuffer_Release(&view)
+            if rel >= <int64_t>last.wrote:  # positions are whole entries
+                last.wrote = rel + CQ_ENTRY_SIZE
+            return 0
+    cq.put(qo, phys, n, tags)
+    return 0
+
+
+def append_records(object run, Py_ssize_t i) -> int:
+    """The twin of :func:`evq.backends.mmapfile.append_loop.append_records`."""
+    cdef Py_buffer out, data_view
+    cdef uint8_t* dst
+    cdef const uint8_t* src
+    cdef Py_ssize_t end, n, pos, room, min_size, max_size
+    cdef int64_t start, qo, phys, ready
+    cdef long long sysflag
+    cdef int v6
+    cdef PyObject* found
+    if not bound:
+        raise RuntimeError("store_kernels.bind was not called")
+    records = run.records
+    end = len(records)
+    mf = run.mf
+    start, pos, room = run.start, run.pos, run.room
+    min_size, max_size = run.min_size, run.max_size
+    now, store_fields = run.now, run.store_fields
+    cqs, places, indexed, notify = run.cqs, run.places, run.indexed, run.notify
+    if not isinstance(cqs, dict):
+        raise TypeError("run.cqs must be a dict")
+    if not PyBytes_CheckExact(store_fields) or PyBytes_GET_SIZE(store_fields) != STORE_SIZE:
+        raise ValueError("run.store_fields must be the packed STORETIMESTAMP and host")
+    writable(run.mm, &out)
+    dst = <uint8_t*>out.buf
+    try:
+        while i < end:
+            r = records[i]
+            data = field(r, AT_DATA, "data")
+            n = len(data)
+            if not min_size <= n <= max_size or pos + n > room:
+                break
+            sysflag = field(r, AT_SYSFLAG, "sysflag")
+            if sysflag & NO_QUEUE_ENTRY:
+                qo = 0
+                cq = None
+            else:
+                topic = field(r, AT_TOPIC, "topic")
+                queue_id = field(r, AT_QUEUE_ID, "queue_id")
+                found = PyDict_GetItem(cqs, (topic, queue_id))
+                if found is NULL:
+                    break
+                cq = <object>found
+                qo = cq.next_offset
+                ready = cq.ready_below
+                if qo >= ready:
+                    break
+                cq.next_offset = qo + 1
+            if pos + n > out.len:
+                raise IndexError("record past the end of its segment")
+            phys = start + pos
+            # The host widths are the bytes' own, and decide where the store fields go.
+            if PyBytes_CheckExact(data):
+                src = <const uint8_t*>PyBytes_AS_STRING(data)
+                memcpy(dst + pos, src, n)
+                v6 = src[SYSFLAG_LOW_AT] & HOST_V6
+            else:
+                PyObject_GetBuffer(data, &data_view, 0)
+                try:
+                    if data_view.len != n:
+                        raise ValueError("record data changed size while being appended")
+                    src = <const uint8_t*>data_view.buf
+                    memcpy(dst + pos, src, n)
+                    v6 = src[SYSFLAG_LOW_AT] & HOST_V6
+                finally:
+                    PyBuffer_Release(&data_view)
+            if v6:
+                run.patch_v6(run.mm, pos, v6, now)
+            else:
+                memcpy(dst + pos + STORE_AT, PyBytes_AS_STRING(store_fields), STORE_SIZE)
+            # PHYSICALOFFSET last (see the reference).
+            put64(dst + pos + QUEUE_OFFSET_AT, <uint64_t>qo)
+            put64(dst + pos + QUEUE_OFFSET_AT + 8, <uint64_t>phys)
+            pos += n
+            mf.wrote = pos
+            phys_obj = phys
+            if cq is not None:
+                tags = field(r, AT_TAGS_CODE, "tags_code")
+                cq_put(cq, qo, phys, n, tags)
+                if notify is not None:
+                    notify.append(new_dispatched(topic, queue_id, qo, phys_obj, n, tags, now,
+                                                 (sysflag & ~HOST_V6) | v6))
+            hashes = field(r, AT_KEY_HASHES, "key_hashes")
+            if hashes:
+                indexed.append((hashes, phys_obj))
+            places.append((phys_obj, n, qo))
+            i += 1
+    finally:
+        PyBuffer_Release(&out)
+        run.pos = pos
+    return i
+
+
+# --- the index entry loop ---------------------------------------------------------------------
+
+
+cdef int prefetch_heads(int32_t* heads, int64_t slots, list items, Py_ssize_t done,
+                        Py_ssize_t nitems) except -1:
+    """Ask for the slots of the batch's hashes before reading any: a slot table is megabytes
+    written at random (RocketMQ's 5 million slots are 20 MB), so nearly every slot read misses
+    the caches, and one after another the misses cost more than the rest of the loop."""
+    cdef Py_ssize_t k, j, m
+    cdef int64_t h
+    for k in range(done, nitems):
+        hashes = (<tuple>items[k])[0] if type(items[k]) is tuple else None
+        if type(hashes) is not tuple:
+            return 0  # not what the append path hands over: the loop reports it
+        m = len(hashes)
+        for j in range(m):
+            if not PyLong_CheckExact(hashes[j]):
+                return 0
+            h = hashes[j]
+            if INT32_MIN <= h <= INT32_MAX:
+                h %= slots
+                prefetch(&heads[h + slots if h < 0 else h])
+    return 0
+
+
+def put_entries(object mm, object slot, Py_ssize_t slots, Py_ssize_t base, list items,
+                Py_ssize_t done, Py_ssize_t count, Py_ssize_t used, Py_ssize_t limit,
+                int32_t diff) -> tuple:
+    """The twin of :func:`evq.backends.mmapfile.index_file.put_entries`."""
+    cdef Py_buffer out, table
+    cdef uint8_t* p
+    cdef int32_t* heads
+    cdef int64_t h, phys, s
+    cdef int32_t head
+    cdef Py_ssize_t k, j, m, nitems = len(items)
+    if slots <= 0:
+        raise ZeroDivisionError("an index file without slots")
+    writable(mm, &out)
+    try:
+        writable(slot, &table)
+        try:
+            if table.len < slots * 4 or table.itemsize != 4:
+                raise ValueError("slot must be the native int view of the slot table")
+            heads = <int32_t*>table.buf
+            prefetch_heads(heads, slots, items, done, nitems)
+            for k in range(done, nitems):
+                hashes, phys_obj = items[k]
+                m = len(hashes)
+                if count + m > limit:
+                    break
+                phys = phys_obj
+                for j in range(m):
+                    h = hashes[j]
+                    if not INT32_MIN <= h <= INT32_MAX:
+                        raise struct_error("an index key hash out of the int32 range")
+                    s = h % slots
+                    if s < 0:  # Python's modulo: the slot of a negative hash is positive too
+                        s += slots
+                    head = heads[s]
+                    if not head:
+                        used += 1
+                    if base + (count + 1) * INDEX_ENTRY_SIZE > out.len:
+                        raise IndexError("index entry past the end of its file")
+                    p = <uint8_t*>out.buf + base + count * INDEX_ENTRY_SIZE
+                    put32(p, <uint32_t>h)
+                    put64(p + 4, <uint64_t>phys)
+                    put32(p + 12, <uint32_t>diff)
+                    put32(p + 16, <uint32_t>head)
+                    heads[s] = <int32_t>count
+                    count += 1
+                done += 1
+        finally:
+            PyBuffer_Release(&table)
+    finally:
+        PyBuffer_Release(&out)
+    return done, count, used

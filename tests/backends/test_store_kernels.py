@@ -1,0 +1,341 @@
+"""The store's compiled loops (evq/backends/mmapfile/store_kernels.pyx) against their pure
+references (append_loop.append_records, index_file.put_entries).
+
+Two mmap stores, one running each, take the same random workload: batches of records in many
+topics and queues, with and without index keys, prepared and committed transactions, IPv6
+hosts, illegal sizes, with and without the transient store pool, on segments, ConsumeQueue
+files and index files small enough that every batch meets a rare step (a roll, an
+allocation, a new queue or queue file, a full index file).  They must return the same
+results, announce the same dispatches and leave the same commitlog, consumequeue and index
+files, byte for byte.  The module also checks that the compiled loops are the ones in use
+wherever a C compiler exists, and runs the store tests once more on the pure path.
+"""
+
+from __future__ import annotations
+
+import mmap
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from evq.backends.config import StoreConfig
+from evq.backends.mmapfile import index_file, kernels
+from evq.backends.mmapfile.kernels import COMPILED, PURE, StoreKernels
+from evq.backends.mmapfile.store import MmapMessageLog
+from evq.domain import record
+from evq.domain import sysflag as sf
+from evq.domain.clock import ManualClock
+from evq.domain.log import Dispatched
+from evq.domain.message import Host, Prop, new_message
+from evq.domain.record import PutRecord, put_record, put_record_of
+from tests.domain.test_record_kernels import PURE_RUN, c_compiler
+from tests.processes import REPO_ROOT, python_env
+from tests.strategies import hosts, keys, sysflags, tags, topics
+
+needs_compiled = pytest.mark.skipif(COMPILED is None, reason="the store kernels are not built")
+START_MS = 1_700_000_000_000
+
+
+class PureLog(MmapMessageLog):
+    kernels: ClassVar[StoreKernels] = PURE
+
+
+class CompiledLog(MmapMessageLog):
+    kernels: ClassVar[StoreKernels] = COMPILED or PURE
+
+
+# --- the build ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="no C compiler: the pure loops are expected")
+def test_the_compiled_loops_are_built_and_used_where_a_compiler_is() -> None:
+    import evq.backends.mmapfile.store_kernels  # noqa: F401  (fails when the build skipped it)
+
+    assert kernels.KERNELS is (PURE if PURE_RUN else COMPILED)
+    assert MmapMessageLog.kernels is kernels.KERNELS
+
+
+def test_the_variable_selects_the_pure_loops() -> None:
+    program = ("from evq.backends.mmapfile import kernels; "
+               "assert kernels.KERNELS is kernels.PURE and kernels.COMPILED is None")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         cwd=REPO_ROOT, env={**python_env(), record.PURE_PYTHON_VARIABLE: "1"},
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@needs_compiled
+def test_the_store_tests_pass_on_the_pure_path() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         "tests/backends/test_store.py", "tests/backends/test_mmap_files.py", "-k", "mmap"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+        env={**python_env(), record.PURE_PYTHON_VARIABLE: "1"}, timeout=900, check=False)
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
+# --- workloads ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Workload:
+    config: StoreConfig
+    batches: list[list[PutRecord]]
+
+
+def _illegal(size: int) -> PutRecord:
+    """A record the log must refuse for its size (too short to be a record, or too long)."""
+    return put_record_of(bytes(size), "T", 0, 0, 0, ())
+
+
+@attrs.frozen
+class Pools:
+    """What a workload's records are made of, drawn once a workload: each record then picks
+    from these (a few draws each), so a workload of hundreds of records stays small to
+    generate and shrink."""
+
+    topics: list[str]
+    words: list[str]  # keys and unique keys
+    tags: list[str]
+    born_hosts: list[Host]
+    store_hosts: list[Host]  # the store's family, or in some workloads either (see below)
+
+
+@st.composite
+def pools(draw: st.DrawFn, store_v6: bool) -> Pools:
+    mixed = draw(st.integers(0, 9)) == 0  # the log refuses to widen a store host
+    return Pools(
+        draw(st.lists(topics, min_size=1, max_size=4, unique=True)),
+        draw(st.lists(keys, min_size=1, max_size=6, unique=True)),
+        draw(st.lists(tags, min_size=1, max_size=3)),
+        draw(st.lists(hosts(ipv6=None), min_size=1, max_size=3)),
+        draw(st.lists(hosts(ipv6=None if mixed else store_v6), min_size=1, max_size=3)),
+    )
+
+
+@st.composite
+def put_records(draw: st.DrawFn, pool: Pools, max_body: int) -> PutRecord:
+    """A record of the workload's topics, four queues, with 0 to 4 keys and maybe a unique
+    key, any transaction type, any host families."""
+    props: dict[str, str] = {}
+    if draw(st.booleans()):
+        props[Prop.UNIQ_KEY] = draw(st.sampled_from(pool.words))
+    body = bytes(draw(st.integers(0, max_body) | st.integers(max_body // 3, max_body)))
+    words = draw(st.lists(st.sampled_from(pool.words), max_size=4))
+    m = new_message(
+        draw(st.sampled_from(pool.topics)), body,
+        tags=draw(st.none() | st.sampled_from(pool.tags)), keys=" ".join(words) or None,
+        properties=props, compress_over=None,
+    )
+    m = attrs.evolve(m, queue_id=draw(st.integers(0, 3)), sysflag=m.sysflag | draw(sysflags()),
+                     born_host=draw(st.sampled_from(pool.born_hosts)),
+                     store_host=draw(st.sampled_from(pool.store_hosts)))
+    return put_record(m)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Workload:
+    segment = draw(st.sampled_from([4096, 8192, 16384]))
+    config = StoreConfig(
+        commitlog_segment_size=segment,
+        consume_queue_entries=draw(st.integers(1, 6)),
+        index_slots=draw(st.sampled_from([1, 7, 97])),
+        index_entries=draw(st.integers(2, 40)),
+        max_message_size=draw(st.integers(900, 1500)),
+        store_host=draw(hosts(ipv6=draw(st.booleans()))),
+        warm_segments=False,
+        # Appends into a pool buffer, committed to the file at close.
+        transient_store_pool_enable=draw(st.booleans()), transient_store_pool_size=2,
+    )
+    one = put_records(draw(pools(":" in config.store_host[0])), 600)
+    illegal = st.integers(0, record.MIN_RECORD_SIZE - 1) | st.integers(1501, 2100)
+    entry = st.integers(0, 9).flatmap(lambda n: illegal.map(_illegal) if n == 0 else one)
+    batches = draw(st.lists(st.lists(entry, min_size=8, max_size=32), min_size=3, max_size=10))
+    return Workload(config, batches)
+
+
+# --- the comparison -------------------------------------------------------------------------
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """What a call gives: its value, or the type of what it raised."""
+    try:
+        return "value", fn(*args)
+    except Exception as exc:  # the comparison is the point: any type must match
+        return "raised", type(exc)
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """The bytes of every file the projections and the log are made of."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for part in ("commitlog", "consumequeue", "index") if (root / part).is_dir()
+            for p in sorted((root / part).rglob("*")) if p.is_file()}
+
+
+def _queue_files(files: dict[str, bytes]) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for name in files:
+        if name.startswith("consumequeue/"):
+            queue = name.rsplit("/", 1)[0]
+            count[queue] = count.get(queue, 0) + 1
+    return count
+
+
+def run(cls: type[MmapMessageLog], root: Path, work: Workload
+        ) -> tuple[list[tuple[str, Any]], list[Dispatched], dict[str, bytes]]:
+    clock = ManualClock(START_MS)
+    log = cls.open(root, work.config, clock=clock, background=False)
+    dispatched: list[Dispatched] = []
+    log.subscribe_dispatch(dispatched.extend)
+    results = []
+    try:
+        for batch in work.batches:
+            kind, value = outcome(log.append, batch)
+            results.append((kind, list(value) if kind == "value" else value))
+            clock.advance(1500)
+    finally:
+        log.close()
+    return results, dispatched, files_of(root)
+
+
+@needs_compiled
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(work=workloads())
+def test_compiled_and_pure_appends_leave_the_same_results_and_files(
+    tmp_path_factory: pytest.TempPathFactory, work: Workload
+) -> None:
+    base = tmp_path_factory.mktemp("twins")
+    pure = run(PureLog, base / "pure", work)
+    compiled = run(CompiledLog, base / "compiled", work)
+    results, _, files = pure
+    statuses = [r.status.name for kind, rs in results if kind == "value" for r in rs]
+    for name in ("commitlog/", "index/"):  # how far the workloads reach
+        event(f"{name} files: {min(3, sum(f.startswith(name) for f in files))}")
+    event(f"most consume queue files: {min(3, max(_queue_files(files).values(), default=0))}")
+    event(f"illegal: {'MESSAGE_ILLEGAL' in statuses}")
+    event(f"a batch raised: {any(kind == 'raised' for kind, _ in results)}")
+    event(f"stored: {statuses.count('PUT_OK') // 50 * 50}+")
+    assert compiled[0] == pure[0]
+    assert compiled[1] == pure[1]
+    assert compiled[2].keys() == pure[2].keys()
+    for name, data in pure[2].items():
+        assert compiled[2][name] == data, name
+
+
+@needs_compiled
+def test_a_workload_of_every_rare_step_leaves_the_same_files(tmp_path: Path) -> None:
+    """A fixed workload of the strategy's shape that surely meets each rare step: segment
+    rolls, ConsumeQueue and index file rolls, illegal sizes, a new queue, IPv6 and prepared
+    records."""
+    config = StoreConfig(commitlog_segment_size=4096, consume_queue_entries=2, index_slots=7,
+                         index_entries=4, max_message_size=1000, warm_segments=False)
+    m = new_message("T", b"x" * 300, keys="a b", compress_over=None)
+    v6 = attrs.evolve(m, born_host=("::1", 1), queue_id=1)
+    prepared = attrs.evolve(m, sysflag=sf.TRANSACTION_PREPARED_TYPE)
+    batch = [put_record(m), _illegal(10), put_record(v6), put_record(prepared), _illegal(1200),
+             *(put_record(attrs.evolve(m, queue_id=q)) for q in range(4))]
+    work = Workload(config, [batch, batch, batch])
+    pure = run(PureLog, tmp_path / "pure", work)
+    compiled = run(CompiledLog, tmp_path / "compiled", work)
+    assert compiled == pure
+    results, _, files = pure
+    places = [r.status.name for kind, batch_results in results for r in batch_results]
+    assert places.count("MESSAGE_ILLEGAL") == 6 and places.count("PUT_OK") == 21
+    assert sum(name.startswith("commitlog/") for name in files) > 2
+    assert sum(name.startswith("consumequeue/T/0/") for name in files) > 2
+    assert sum(name.startswith("index/") for name in files) > 2
+
+
+@needs_compiled
+def test_a_queue_past_its_first_allocation_chunk_appends_on(tmp_path: Path) -> None:
+    """ConsumeQueue files are allocated a megabyte at a time and one entry in 52,429 crosses
+    a chunk's end: the loop stopped there for ever (its rare step found the entry's start
+    allocated and did nothing) until the rare step and the loop agreed on the whole entry."""
+    config = StoreConfig(commitlog_segment_size=16 * 1024 * 1024, warm_segments=False)
+    record = put_record(new_message("T", b"", compress_over=None))
+    count = 1024 * 1024 // 20 + 100
+    work = Workload(config, [[record] * 1000 for _ in range(count // 1000 + 1)])
+    pure = run(PureLog, tmp_path / "pure", work)
+    assert pure[0][-1][0] == "value" and pure[0][-1][1][-1].queue_offset == len(
+        work.batches) * 1000 - 1
+    assert run(CompiledLog, tmp_path / "compiled", work) == pure
+
+
+@attrs.define
+class LookAlike:
+    """Not a PutRecord, with its fields: the compiled loop reads PutRecord's slots directly
+    and anything else through getattr, as the pure loop does."""
+
+    data: bytes
+    topic: str
+    queue_id: int
+    sysflag: int
+    tags_code: int
+    keys: tuple[str, ...]
+    key_hashes: tuple[int, ...]
+
+
+@needs_compiled
+def test_records_of_another_class_append_as_put_records_do(tmp_path: Path) -> None:
+    config = StoreConfig(commitlog_segment_size=4096, consume_queue_entries=2, index_slots=7,
+                         index_entries=4, warm_segments=False)
+    records = [put_record(new_message("T", b"x" * n, keys=f"k{n}", compress_over=None))
+               for n in range(0, 2000, 150)]
+    look_alikes = [LookAlike(*attrs.astuple(r, recurse=False)) for r in records]
+    expected = run(PureLog, tmp_path / "pure", Workload(config, [records]))
+    assert run(CompiledLog, tmp_path / "compiled", Workload(config, [look_alikes])) == expected
+
+
+# --- the index loop, alone ------------------------------------------------------------------
+
+
+def _index_state(tmp: Path, name: str, slots: int, entries: int
+                 ) -> Iterator[tuple[mmap.mmap, memoryview]]:
+    size = index_file.index_file_size(slots, entries)
+    path = tmp / name
+    path.write_bytes(bytes(size))
+    with path.open("r+b") as f, mmap.mmap(f.fileno(), size) as mm:
+        slot = memoryview(mm)[index_file.HEADER_SIZE: index_file.HEADER_SIZE + 4 * slots]
+        with slot.cast("i") as ints:
+            yield mm, ints
+        slot.release()
+
+
+item_lists = st.lists(
+    st.tuples(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=3).map(tuple),
+              st.integers(0, 2**40)),
+    max_size=20)
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=item_lists, slots=st.integers(1, 11), limit=st.integers(1, 40),
+       hash_over=st.integers(2**31, 2**40))
+def test_put_entries_matches_on_any_hashes(
+    tmp_path_factory: pytest.TempPathFactory, items: list[tuple[tuple[int, ...], int]],
+    slots: int, limit: int, hash_over: int,
+) -> None:
+    tmp = tmp_path_factory.mktemp("index")
+    entries = 40
+    got = []
+    for name, fn in (("pure", PURE.put_entries), ("compiled", COMPILED.put_entries)):
+        for mm, slot in _index_state(tmp, name, slots, entries):
+            first = outcome(fn, mm, slot, slots, index_file.HEADER_SIZE + 4 * slots, items, 0,
+                            1, 0, min(limit, entries), 7)
+            written = bytes(mm)
+            # Hashes are 31-bit CRCs: one past int32 is refused alike (what struct leaves of
+            # the entry it failed to pack is not part of the contract).
+            bad = outcome(fn, mm, slot, slots, index_file.HEADER_SIZE + 4 * slots,
+                          [((hash_over,), 1)], 0, 1, 0, entries, 7)
+            got.append((first, written, bad))
+    assert got[0] == got[1]
