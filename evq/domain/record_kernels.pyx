@@ -22,6 +22,7 @@ from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from evq.byte_order cimport get16, get32, get64, put32, put64
 from libc.stdint cimport (
     INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t,
     uint64_t,
@@ -116,34 +117,6 @@ cdef list _slots(type cls, tuple names):
 cdef inline int set_slot(object descriptor, object obj, object value) except -1:
     return type_of(descriptor).tp_descr_set(<PyObject*>descriptor, <PyObject*>obj,
                                             <PyObject*>value)
-
-
-# --- big-endian reads and writes ------------------------------------------------------------
-
-
-cdef inline int32_t get32(const uint8_t* p) noexcept nogil:
-    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
-                     | p[3])
-
-
-cdef inline int16_t get16(const uint8_t* p) noexcept nogil:
-    return <int16_t>((p[0] << 8) | p[1])
-
-
-cdef inline int64_t get64(const uint8_t* p) noexcept nogil:
-    return <int64_t>((<uint64_t><uint32_t>get32(p) << 32) | <uint32_t>get32(p + 4))
-
-
-cdef inline void put32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v >> 24
-    p[1] = v >> 16
-    p[2] = v >> 8
-    p[3] = v
-
-
-cdef inline void put64(uint8_t* p, uint64_t v) noexcept nogil:
-    put32(p, <uint32_t>(v >> 32))
-    put32(p + 4, <uint32_t>v)
 
 
 # --- buffers ----------------------------------------------------------------------------------

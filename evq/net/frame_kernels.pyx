@@ -20,6 +20,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.bytes cimport PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.object cimport PyObject
+from evq.byte_order cimport get32, put32
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 
@@ -74,18 +75,6 @@ def bind(*, command, take_frame, encode_frame, decode_any_header, decode_json, o
     language_by_name, language_names = languages_by_name, names_of_languages
     language_other, default_language_name = other_language, evq_language_name
     json_type = json
-
-
-cdef inline int32_t get32(const uint8_t* p) noexcept nogil:
-    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
-                     | p[3])
-
-
-cdef inline void put32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v >> 24
-    p[1] = v >> 16
-    p[2] = v >> 8
-    p[3] = v
 
 
 # --- taking a frame ---------------------------------------------------------------------------

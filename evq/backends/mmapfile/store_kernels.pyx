@@ -18,6 +18,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SI
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
+from evq.byte_order cimport put32, put64
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -131,21 +132,6 @@ cdef object new_dispatched(object topic, object queue_id, object queue_offset,
     set_new(d, DISPATCHED_AT[6], store_timestamp)
     set_new(d, DISPATCHED_AT[7], sysflag)
     return d
-
-
-# --- big-endian writes ------------------------------------------------------------------------
-
-
-cdef inline void put32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v >> 24
-    p[1] = v >> 16
-    p[2] = v >> 8
-    p[3] = v
-
-
-cdef inline void put64(uint8_t* p, uint64_t v) noexcept nogil:
-    put32(p, <uint32_t>(v >> 32))
-    put32(p + 4, <uint32_t>v)
 
 
 cdef inline int writable(object obj, Py_buffer* view) except -1:
