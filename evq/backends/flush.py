@@ -98,6 +98,15 @@ class Flusher:
             if len(self._requests) in (1, self._expected):  # the idle or the gathering wait
                 self._cond.notify()
 
+    def advance(self, durable: int) -> None:
+        """Raise the durable end to ``durable``, never lower it.  Flushes run on this
+        service's thread and on any caller of the log's ``flush()`` at once, and one that
+        started earlier (from a smaller target) may finish last: assigned as it came, its end
+        took the durable end back below what a waiter had just been told was durable."""
+        with self._cond:
+            if durable > self.durable:
+                self.durable = durable
+
     def wake(self) -> None:
         """Start an ASYNC_FLUSH round now rather than at the end of the interval: the
         transient store pool's commit service calls this once it has written bytes to the
@@ -137,13 +146,13 @@ class Flusher:
             try:
                 target = self._written()
                 if self.sync or stopping:
-                    self.durable = self._flush_log(target)
+                    self.advance(self._flush_log(target))
                     gather = time.monotonic() - now
                 elif (
                     target - self.durable >= cfg.flush_least_pages * PAGE
                     or now - last_thorough >= cfg.flush_thorough_interval_ms / 1000
                 ):
-                    self.durable = self._flush_log(target)
+                    self.advance(self._flush_log(target))
                     last_thorough = now
             except Exception:  # keep the service alive; waiters time out and see the error
                 log.exception("flush_failed")

@@ -193,7 +193,7 @@ class StoreShell(MessageLog):
 
     def flush(self) -> None:
         flusher = self._running_flusher()
-        flusher.durable = max(flusher.durable, self._flush_log(self._log_end()))
+        flusher.advance(self._flush_log(self._log_end()))
         self._flush_projections()
 
     @property

@@ -447,6 +447,33 @@ def test_sync_acknowledgements_do_not_wait_for_projection_flushes(tmp_path: Path
         flusher.close()
 
 
+def test_a_flush_that_finishes_last_never_takes_the_durable_end_back() -> None:
+    """A flush round that started from a smaller target and returns after a caller's own
+    flush made more durable: the durable end stays where the caller left it.  It went back,
+    and a SYNC_FLUSH writer whose wait had just returned read a durable end below its
+    record (seen with 16 writers calling flush() after each append)."""
+    in_round, finish = threading.Event(), threading.Event()
+
+    def flush_log(target: int) -> int:
+        in_round.set()
+        finish.wait(10)  # the test decides when the round's msync returns
+        return target
+
+    flusher = _flusher(flush_log, lambda: None, flush_consume_queue_interval_ms=60_000)
+    served = threading.Event()
+    try:
+        flusher.request(1000, lambda ok: served.set(), 10.0)  # a round from the target 1000
+        assert in_round.wait(10)
+        flusher.advance(2000)  # a caller's flush() made more durable meanwhile
+        assert flusher.wait(2000, 0.0) is True
+        finish.set()
+        assert served.wait(10)  # the round has returned 1000 and served its request
+        assert flusher.durable == 2000
+    finally:
+        finish.set()
+        flusher.close()
+
+
 def test_waiters_time_out_while_the_log_flush_fails_and_succeed_once_it_works() -> None:
     failing = [True]
 
