@@ -162,25 +162,25 @@ def read_queue(
     outside = status_outside(offset, lo, hi)
     if outside is not None:
         return outside
-    scan_limit = max(SCAN_LIMIT, max_count)
+    scan_end = min(hi, offset + max(SCAN_LIMIT, max_count))
     records: list[memoryview] = []
     qos: list[int] = []
-    total = 0
-    scanned = 0
+    keep, keep_qo = records.append, qos.append
+    found = total = 0
     last_phys = -1
     qo = offset
     chunk = max(max_count, 32)  # most pulls are satisfied by the first few entries
-    while scanned < scan_limit and qo < hi and len(records) < max_count:
-        got = entries(qo, min(chunk, scan_limit - scanned, hi - qo))
-        chunk = scan_limit
+    full = False
+    while not full and qo < scan_end:
+        got = entries(qo, min(chunk, scan_end - qo))
+        chunk = scan_end - qo
         if not got:
             break
         for phys, size, tags in got:
-            if len(records) >= max_count or (records and total + size > max_bytes):
-                scanned = scan_limit
+            if found >= max_count or (found and total + size > max_bytes):
+                full = True
                 break
             qo += 1
-            scanned += 1
             if size == BLANK_ENTRY_SIZE or phys < log_min:
                 continue
             last_phys = phys
@@ -189,9 +189,12 @@ def read_queue(
             v = view(phys, size)
             if v is None:
                 continue
-            records.append(v)
-            qos.append(qo - 1)
+            keep(v)
+            keep_qo(qo - 1)
             total += size
+            found += 1
+        else:
+            full = found >= max_count
     if records:
         status = GetStatus.FOUND
     elif qo == offset:

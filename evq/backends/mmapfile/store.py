@@ -604,7 +604,7 @@ class MmapMessageLog(StoreShell):
         return rules.read_queue(
             offset, cq.min_offset, self._queue_end(cq), max_count=max_count, max_bytes=max_bytes,
             tag_filter=tag_filter, entries=lambda qo, n: list(cq.entries(qo, n)),
-            view=self._view, log_min=self._log.min_offset,
+            view=self._viewer(), log_min=self._log.min_offset,
             entries_per_file=self.config.consume_queue_entries,
         )
 
@@ -640,14 +640,29 @@ class MmapMessageLog(StoreShell):
                 lo = mid + 1
         return hi
 
-    def _view(self, phys: int, size: int) -> memoryview | None:
-        mf = self._log.find(phys)
-        if mf is None:
-            return None
-        rel = phys - mf.start
-        if rel + size > mf.read_end:
-            return None
-        return memoryview(mf.mm)[rel : rel + size]
+    def _viewer(self) -> rules.ViewFn:
+        """The record views of one pull.  A pull's records lie one after another in the log,
+        nearly always in one segment, so the segment last found is kept with one view of it
+        and the end readers may see, taken at its first use: the queue's end was read before
+        that, so every record of an entry below it lies within."""
+        find = self._log.find
+        seg_start = seg_limit = 0
+        seg: memoryview | None = None
+
+        def view(phys: int, size: int) -> memoryview | None:
+            nonlocal seg_start, seg_limit, seg
+            rel = phys - seg_start
+            if seg is None or rel < 0 or rel + size > seg_limit:
+                mf = find(phys)
+                if mf is None:
+                    return None
+                seg_start, seg_limit, seg = mf.start, mf.read_end, memoryview(mf.mm)
+                rel = phys - seg_start
+                if rel + size > seg_limit:
+                    return None
+            return seg[rel : rel + size]
+
+        return view
 
     def lookup(self, physical_offset: int) -> memoryview | None:
         if self._closed:
