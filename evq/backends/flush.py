@@ -72,6 +72,7 @@ class Flusher:
         self._flush_log = flush_log
         self._flush_projections = flush_projections
         self.durable = durable
+        self._log_epoch = 0  # one more each time the log is cut back or begins elsewhere
         self._cond = threading.Condition(threading.Lock())
         self._requests: list[tuple[int, DurableCallback, float]] = []
         self._expected = 1  # requests the last round served: the round to come waits for them
@@ -98,14 +99,40 @@ class Flusher:
             if len(self._requests) in (1, self._expected):  # the idle or the gathering wait
                 self._cond.notify()
 
-    def advance(self, durable: int) -> None:
-        """Raise the durable end to ``durable``, never lower it.  Flushes run on this
-        service's thread and on any caller of the log's ``flush()`` at once, and one that
-        started earlier (from a smaller target) may finish last: assigned as it came, its end
-        took the durable end back below what a waiter had just been told was durable."""
+    def round_start(self) -> int:
+        """What a flush passes to :meth:`advance` once it returns; read it before the log end
+        the flush goes to."""
         with self._cond:
-            if durable > self.durable:
+            return self._log_epoch
+
+    def advance(self, durable: int, started: int) -> None:
+        """Raise the durable end to ``durable``, the end of a flush that began at
+        :meth:`round_start` ``started``; never lower it.
+
+        Flushes run on this service's thread and on any caller of the log's ``flush()`` at
+        once, and one that started earlier (from a smaller target) may finish last: assigned
+        as it came, its end took the durable end back below what a waiter had just been told
+        was durable.  A flush that began before the log was cut back (:meth:`cut`) says
+        nothing of the bytes written at those offsets since, and is not counted at all.
+        """
+        with self._cond:
+            if started == self._log_epoch and durable > self.durable:
                 self.durable = durable
+
+    def cut(self, end: int) -> None:
+        """The log was cut back to ``end``: the durable end goes no further, and flushes still
+        in flight from before (:meth:`advance`) were flushing bytes that are gone; they must
+        not vouch for what is written at those offsets from now on."""
+        with self._cond:
+            self._log_epoch += 1
+            self.durable = min(self.durable, end)
+
+    def restart(self, start: int) -> None:
+        """The (empty) log now begins at ``start``: everything before it counts as durable,
+        and no flush from before counts (see :meth:`cut`)."""
+        with self._cond:
+            self._log_epoch += 1
+            self.durable = start
 
     def wake(self) -> None:
         """Start an ASYNC_FLUSH round now rather than at the end of the interval: the
@@ -144,15 +171,16 @@ class Flusher:
                 self._expected = max(len(pending), 1)
             now = time.monotonic()
             try:
+                started = self.round_start()
                 target = self._written()
                 if self.sync or stopping:
-                    self.advance(self._flush_log(target))
+                    self.advance(self._flush_log(target), started)
                     gather = time.monotonic() - now
                 elif (
                     target - self.durable >= cfg.flush_least_pages * PAGE
                     or now - last_thorough >= cfg.flush_thorough_interval_ms / 1000
                 ):
-                    self.advance(self._flush_log(target))
+                    self.advance(self._flush_log(target), started)
                     last_thorough = now
             except Exception:  # keep the service alive; waiters time out and see the error
                 log.exception("flush_failed")

@@ -193,7 +193,8 @@ class StoreShell(MessageLog):
 
     def flush(self) -> None:
         flusher = self._running_flusher()
-        flusher.advance(self._flush_log(self._log_end()))
+        started = flusher.round_start()
+        flusher.advance(self._flush_log(self._log_end()), started)
         self._flush_projections()
 
     @property

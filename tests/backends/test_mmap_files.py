@@ -464,13 +464,50 @@ def test_a_flush_that_finishes_last_never_takes_the_durable_end_back() -> None:
     try:
         flusher.request(1000, lambda ok: served.set(), 10.0)  # a round from the target 1000
         assert in_round.wait(10)
-        flusher.advance(2000)  # a caller's flush() made more durable meanwhile
+        flusher.advance(2000, flusher.round_start())  # a caller's flush() meanwhile
         assert flusher.wait(2000, 0.0) is True
         finish.set()
         assert served.wait(10)  # the round has returned 1000 and served its request
         assert flusher.durable == 2000
     finally:
         finish.set()
+        flusher.close()
+
+
+@pytest.mark.parametrize("how", ["cut", "restart"])
+def test_a_flush_from_before_the_log_was_cut_back_vouches_for_nothing_after(how: str) -> None:
+    """A round flushing up to 1000 is in flight when the log is cut back to 500 (a slave
+    truncating to its master), or an empty log restarts there, and is written again past it.
+    The round's end must not count: the bytes now at 500..800 were written after its msync
+    began, and their SYNC_FLUSH writer was acknowledged as durable when they may not be."""
+    started, release = threading.Semaphore(0), threading.Semaphore(0)
+    durable_at_start: list[int] = []  # the durable end as each round begins
+
+    def flush_log(target: int) -> int:
+        durable_at_start.append(flusher.durable)
+        started.release()
+        release.acquire(timeout=10)  # the test decides when each round's msync returns
+        return target
+
+    flusher = _flusher(flush_log, lambda: None, flush_consume_queue_interval_ms=60_000)
+    served = threading.Event()
+    try:
+        flusher.request(1000, lambda ok: None, 10.0)
+        assert started.acquire(timeout=10), "round 1 (to 1000) did not start"
+        if how == "cut":
+            flusher.cut(500)
+        else:
+            flusher.restart(500)
+        flusher.request(800, lambda ok: ok and served.set(), 10.0)  # written at 500..800 since
+        release.release()  # round 1 returns 1000
+        assert started.acquire(timeout=10), "the writer was served by round 1's end"
+        assert durable_at_start == [0, 0 if how == "cut" else 500]
+        release.release()  # round 2 flushed the log as it is now
+        assert served.wait(10)
+        assert flusher.durable == 1000
+    finally:
+        for _ in range(3):
+            release.release()
         flusher.close()
 
 

@@ -524,7 +524,7 @@ class KeyedMessageLog(StoreShell):
             self._commit(driver.batch(), physical_offset, {}, {}, self._index_last,
                          physical_offset)
             if self._flusher is not None:
-                self._flusher.durable = physical_offset
+                self._flusher.restart(physical_offset)
 
     def truncate(self, physical_offset: int) -> None:
         with self._put_lock:
@@ -553,7 +553,7 @@ class KeyedMessageLog(StoreShell):
                     index_last = (last[1].store_timestamp, last[0]) if last else (0, 0)
             self._commit(batch, cut, nexts, {}, index_last, min(self._min, cut))
             if self._flusher is not None:
-                self._flusher.durable = min(self._flusher.durable, cut)
+                self._flusher.cut(cut)
 
     def _queue_end_before(self, r: Reader, st: QueueState, cut: int) -> int:
         """The queue offset just past the last entry of ``st`` whose record lies below ``cut``

@@ -808,7 +808,7 @@ class MmapMessageLog(StoreShell):
             self._point_reads.keep(self._log.files)
             self._dispatched = physical_offset
             if self._flusher is not None:
-                self._flusher.durable = physical_offset
+                self._flusher.restart(physical_offset)
 
     def truncate(self, physical_offset: int) -> None:
         with self._put_lock:
@@ -819,7 +819,7 @@ class MmapMessageLog(StoreShell):
             self._cut(physical_offset)
             self._dispatched = min(self._dispatched, physical_offset)
             if self._flusher is not None:
-                self._flusher.durable = min(self._flusher.durable, physical_offset)
+                self._flusher.cut(physical_offset)
             if not self._log.files:
                 self._log.new_segment(physical_offset - physical_offset %
                                       self.config.commitlog_segment_size)
