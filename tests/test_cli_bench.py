@@ -19,6 +19,7 @@ FIGURES = (
     "recovery_seconds",
     "floor_msgs_per_s",
     "ratio_to_floor",
+    "fresh_page_us",
     "sync_msgs_per_s",
     "sync_async_msgs_per_s",
     "sync_producers",
@@ -254,6 +255,7 @@ def test_bench_embedded_json_has_each_rate_and_ratio(tmp_path: Path) -> None:
     for key in ("ratio_batch", "ratio_single", "ratio_read", "ratio_batch_normal"):
         assert math.isfinite(out[key]) and out[key] > 0, (key, out[key])
     assert out["evq_read_decoded_msgs_per_s"] > 0
+    assert math.isfinite(out["fresh_page_us"]) and out["fresh_page_us"] > 0
     assert out["rerun"].startswith("evq bench embedded --backend mmap --messages 200 ")
     assert list(tmp_path.iterdir()) == []
 
@@ -271,4 +273,5 @@ def test_bench_embedded_without_eventsourcing_measures_evq_alone_and_says_so(
     assert proc.returncode == 0, proc.stderr
     assert "eventsourcing is not installed (pip install -e '.[bench]')" in proc.stderr
     assert "evq alone" in proc.stdout
+    assert re.search(r"a fresh page-cache page cost [\d.]+ us a 4 KiB page", proc.stdout)
     assert re.search(r"batch \(32 per call\)\s+[\d,]+\s+-\s+-", proc.stdout), proc.stdout

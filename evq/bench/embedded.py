@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 
 from evq.backends import registry
-from evq.bench.scaffold import check_backend, progress, scratch, store_config
+from evq.bench.scaffold import check_backend, fresh_page_us, progress, scratch, store_config
 from evq.bench.store import BenchError, Stopwatch, settle
 from evq.embedded import Broker
 
@@ -93,6 +93,9 @@ class EmbeddedBenchResult:
     eventsourcing: Rates | None
     eventsourcing_normal: Rates | None
     eventsourcing_version: str | None
+    fresh_page_us: float
+    """What a fresh page-cache page cost this machine at the start of the run (µs a 4 KiB
+    page, :func:`~evq.bench.scaffold.fresh_page_us`): evq's batch figure moves with it."""
 
     def ratio(self, phase: str, *, normal: bool = False) -> float | None:
         """evq's rate over eventsourcing's for ``phase`` (batch, single, read), against its
@@ -267,6 +270,7 @@ def run_embedded_bench(opts: EmbeddedBenchOptions) -> EmbeddedBenchResult:
     body = os.urandom(opts.size)
     es_version = eventsourcing_version()
     with scratch(opts.data, prefix="evq-bench-embedded-") as run:
+        fresh_page = fresh_page_us(run)
         evq_rates, decoded_rate = _evq_phases(opts, run / "evq", body)
         es_rates = es_normal = None
         if es_version is not None:
@@ -278,6 +282,7 @@ def run_embedded_bench(opts: EmbeddedBenchOptions) -> EmbeddedBenchResult:
         backend=opts.backend, messages=opts.messages, single_messages=opts.single_messages,
         size=opts.size, batch=opts.batch, evq=evq_rates, evq_read_decoded_msgs_per_s=decoded_rate,
         eventsourcing=es_rates, eventsourcing_normal=es_normal, eventsourcing_version=es_version,
+        fresh_page_us=fresh_page,
     )
 
 
@@ -307,6 +312,9 @@ def format_report(result: EmbeddedBenchResult) -> str:
         cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:6], widths[1:],
                                                                          strict=True))]
         lines.append("  " + "  ".join(cells) + "  " + row[6])
+    lines.append(f"a fresh page-cache page cost {r.fresh_page_us:,.2f} us a 4 KiB page on this "
+                 f"machine at the start (evq's appends pay it for every page of log they fill; "
+                 f"see evq.bench.scaffold)")
     return "\n".join(lines)
 
 
