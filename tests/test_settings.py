@@ -136,6 +136,18 @@ def test_the_flush_thorough_interval_has_its_rocketmq_name(tmp_path: Path) -> No
     assert load(config_file=conf, env={}).store.flush_thorough_interval_ms == 3_600_000
 
 
+def test_store_keys_whose_rocketmq_names_are_not_ours_in_camel_case(tmp_path: Path) -> None:
+    """A broker.conf carried over from RocketMQ names these as RocketMQ does; each was an
+    "unknown setting" that kept the broker from starting."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("flushIntervalConsumeQueue=2000\nmaxHashSlotNum=500000\n"
+                    "maxIndexNum=2000000\ncheckCRCOnRecover=false\nwarmMapedFileEnable=false\n")
+    store = load(config_file=conf, env={}).store
+    assert (store.flush_consume_queue_interval_ms, store.index_slots, store.index_entries,
+            store.check_crc_on_recover, store.warm_segments) == (2000, 500_000, 2_000_000,
+                                                                 False, False)
+
+
 @pytest.mark.parametrize(("flags", "reason"), [
     ({"flush": "SYNC_FLUSH"}, "SYNC_FLUSH"),
     ({"broker_role": "SLAVE", "broker_id": 1}, "SLAVE"),
