@@ -6,8 +6,9 @@ A fresh page is the figure that moves a store's append rate between machines and
 any code: the kernel allocates and zeroes every page-cache page a growing log is written to,
 and under a hypervisor that lazily backs guest memory (and takes freed memory back, as a
 virtio balloon's free page reporting does) the first touch of a page it took back traps to
-the host: measured here at 3–7.5 us a 4 KiB page, against 0.6–1.1 us right after the guest
-had written and freed 14 GB (and 3 us again 20 s later, once the balloon had reported it).  A store pays it wherever its pages are first written (the allocator thread that
+the host: measured here at 3 to 7.5 us a 4 KiB page, against 0.6 to 1.1 us right after the
+guest had written and freed 14 GB (and 3 us again 20 s later, once the balloon had reported
+it).  A store pays it wherever its pages are first written (the allocator thread that
 pre-faults them, the writer when that lags); a benchmark floor with a pre-populated mapping
 never does.  So the store and embedded benchmarks report it from the same run.
 """
