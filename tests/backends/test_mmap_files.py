@@ -19,7 +19,13 @@ from evq.backends.flush import Flusher
 from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.consume_queue import ENTRY_SIZE, ConsumeQueue
-from evq.backends.mmapfile.index_file import HEADER, HEADER_SIZE, IndexFile, IndexService
+from evq.backends.mmapfile.index_file import (
+    HEADER,
+    HEADER_SIZE,
+    IndexFile,
+    IndexService,
+    index_file_name,
+)
 from evq.backends.mmapfile.mapped_file import (
     ALLOCATION_CHUNK,
     WARM_AHEAD,
@@ -389,6 +395,7 @@ def test_index_slots_are_little_endian_entry_numbers(tmp_path: Path) -> None:
     service = _service(tmp_path, slots=1009, entries=100)
     (h,) = _hashes("order-1")
     service.put([((h,), 0), ((h,), 100)], TS)
+    service.flush()
     f = service.files[-1]
     at = HEADER_SIZE + (h % 1009) * 4
     assert bytes(f.file.mm[at : at + 4]) == (2).to_bytes(4, "little")  # entry 2 is the newest
@@ -396,16 +403,19 @@ def test_index_slots_are_little_endian_entry_numbers(tmp_path: Path) -> None:
 
 
 def test_entries_a_killed_process_wrote_past_the_header_keep_older_chains(tmp_path: Path) -> None:
-    """A process killed after writing entries and slots but before the header leaves slots
+    """A head torn by a power cut (the slots' sectors newer than the header's) leaves slots
     naming entries past ``count``; the next puts overwrite those entries and must still chain
     to everything the header counted."""
-    path = tmp_path / "index" / "0"
+    path = tmp_path / "index" / index_file_name(TS)
     path.parent.mkdir()
     f = IndexFile(path, 7, 100, create=True)
+    lock = threading.Lock()
     older = [((h,), 100 * i) for i, h in enumerate(_hashes(*KEYS))]
     f.put(older, TS)
+    f.flush(lock)
     counted = HEADER.unpack_from(f.file.mm, 0)
     f.put([(_hashes(*KEYS[:5]), 5000), (_hashes(*KEYS[5:]), 6000)], TS)
+    f.flush(lock)
     HEADER.pack_into(f.file.mm, 0, *counted)  # the header never got past the first batch
     f.close()
     service = _service(tmp_path, slots=7, entries=100)
@@ -415,6 +425,36 @@ def test_entries_a_killed_process_wrote_past_the_header_keep_older_chains(tmp_pa
         for i, k in enumerate(KEYS):
             expected = [7000, 300] if k == "k3" else [100 * i]
             assert service.lookup("T", k, 0, TS + 1000, 100) == expected
+    finally:
+        service.close()
+
+
+def test_files_a_killed_process_never_flushed_go_and_later_names_sort_after(
+    tmp_path: Path,
+) -> None:
+    """Files at the end that count nothing were filled after the last flush (their heads
+    never reached the file): opening drops them, since recovery indexes their records again.
+    Recovery indexes with the records' store times, older than the files' names: the files
+    it makes must still sort after every file there, or the next open takes them in the
+    wrong order."""
+    service = _service(tmp_path, slots=7, entries=20)
+    service.put([(_hashes(*KEYS[:9]), 0), (_hashes(*KEYS), 100)], TS)  # 21 entries: two files
+    service.flush()
+    service.put([(_hashes(*KEYS), 200), (_hashes(*KEYS), 300)], TS + 1)  # two more, unflushed
+    names = [f.path.name for f in service.files]
+    assert len(names) == 4
+    for f in service.files:  # killed: nothing more reaches the files
+        f._mapped.release()
+        f.file.close()
+    service = _service(tmp_path, slots=7, entries=20)
+    service.load()
+    try:
+        assert [f.path.name for f in service.files] == names[:2]
+        assert sorted(p.name for p in (tmp_path / "index").iterdir()) == names[:2]
+        service.put([(_hashes(*KEYS), 200), (_hashes(*KEYS), 300)], TS - 60_000)
+        on_disk = sorted(p.name for p in (tmp_path / "index").iterdir())
+        assert on_disk == [f.path.name for f in service.files] and len(on_disk) == 4
+        assert service.lookup("T", "k11", 0, TS + 1000, 10) == [300, 200, 100]
     finally:
         service.close()
 

@@ -14,10 +14,18 @@ for the slots::
 
 Entry *i* sits at ``40 + 4 * N + 20 * i``; ``prev`` chains entries of one bucket, newest
 first.  keyHash is :func:`evq.domain.hashing.index_key_hash` (CRC-32 where RocketMQ uses the
-Java string hash; see there why).  The header is rewritten with every put, in the same
-mapping, after the entries and the slots; recovery re-dispatch skips offsets below
-endPhyOffset.  Entries past ``indexCount`` are zero, except those a process killed in the
-middle of a put wrote: opening the file points their slots back at counted entries.
+Java string hash; see there why).
+
+Entries are written through the mapping as they are put.  The head (header and slots) of the
+file being written lives in memory, and reaches the file only at a flush, after the entries it
+names are on disk (:meth:`IndexFile.flush`): the kernel writes a mapping's dirty pages back in
+any order, and a slot that reached the disk before the entry it names would, after a power cut,
+name zeros and hide its bucket's older entries.  So on disk, whatever a power cut or a SIGKILL
+left, every slot names an entry that is there and the header counts only entries that are;
+entries past ``indexCount`` are leftovers of a put after the last flush, which opening the file
+zeroes (after pointing back any slot that names one) and recovery indexes again from the
+header's endPhyOffset.  Writing the slots in memory also spares the appending thread a write
+fault on each slot page the last flush cleaned.
 
 A file's header and slots are allocated when it is created, its entries a chunk ahead of the
 writer (:meth:`~evq.backends.mmapfile.mapped_file.MappedFile.reserve`).
@@ -30,14 +38,17 @@ them at random places, and a native ``int`` view of the slot area does that in h
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from evq import durable_fs
-from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, prefault
+from evq.backends.mmapfile.mapped_file import Allocator, MappedFile
 from evq.domain.hashing import index_key_hash
 
 HEADER = struct.Struct(">qqqqii")
@@ -60,15 +71,29 @@ def index_file_name(ms: int) -> str:
     return time.strftime("%Y%m%d%H%M%S", t) + f"{ms % 1000:03d}"
 
 
+def index_file_ms(name: str) -> int:
+    """The creation time :func:`index_file_name` wrote into ``name``."""
+    return int(time.mktime(time.strptime(name[:14], "%Y%m%d%H%M%S"))) * 1000 + int(name[14:])
+
+
+HEAD_CHUNK = 4096
+"""The unit in which a flush writes the head back: a change to a slot marks the chunk of the
+file holding it (:func:`head_chunk`); chunks are page-aligned where pages are 4 KiB."""
+
 PutEntries = Callable[
-    [mmap.mmap, memoryview, int, int, list[tuple[tuple[int, ...], int]], int, int, int, int,
-     int],
+    [mmap.mmap, memoryview, bytearray, int, int, list[tuple[tuple[int, ...], int]], int, int,
+     int, int, int],
     tuple[int, int, int]]
 """The signature of :func:`put_entries` and of its compiled twin."""
 
 
+def head_chunk(slot: int) -> int:
+    """The head chunk holding slot number ``slot``."""
+    return (HEADER_SIZE + SLOT_SIZE * slot) // HEAD_CHUNK
+
+
 def put_entries(
-    mm: mmap.mmap, slot: memoryview, slots: int, base: int,
+    mm: mmap.mmap, slot: memoryview, dirty: bytearray, slots: int, base: int,
     items: list[tuple[tuple[int, ...], int]], done: int, count: int, used: int, limit: int,
     diff: int,
 ) -> tuple[int, int, int]:
@@ -78,7 +103,8 @@ def put_entries(
 
     The reference of ``put_entries`` in store_kernels.pyx: :meth:`IndexFile.put` runs one or
     the other, and takes the allocation where it stops.  ``slot``: the slot table, a native
-    ``int`` view of the mapping.
+    ``int`` view of the in-memory head; ``dirty``: a flag a head chunk, set for each chunk a
+    slot changed in, after the slot (a flush clears a flag before it copies the chunk).
     """
     pack_entry = ENTRY.pack_into
     for hashes, phys in items[done:]:
@@ -91,13 +117,20 @@ def put_entries(
                 used += 1
             pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
             slot[s] = count
+            dirty[(HEADER_SIZE + SLOT_SIZE * s) // HEAD_CHUNK] = 1
             count += 1
         done += 1
     return done, count, used
 
 
 class IndexFile:
+    """One index file.  While it is written its head lives in memory (``_image``): puts
+    change it under the store's put lock, and :meth:`flush` (the projection flusher's thread)
+    writes it back.  Locks: ``put_lock`` (the store's) is never taken while ``_write_lock`` is
+    held, and ``_flush_lock`` (one flush at a time) never while either is."""
+
     __slots__ = (
+        "_cuts", "_dirty", "_durable_count", "_flush_lock", "_image", "_mapped", "_write_lock",
         "base", "begin_phys", "begin_ts", "count", "end_phys", "end_ts", "file", "max_entries",
         "slot", "slots", "slots_used",
     )
@@ -115,13 +148,18 @@ class IndexFile:
             file = MappedFile(path, 0, size, create=create, allocate=self.base if create else 0)
         self.file = file
         self.file.advise_random()
-        self.slot = memoryview(self.file.mm)[HEADER_SIZE : self.base].cast("i")
+        self._mapped = memoryview(self.file.mm)[HEADER_SIZE : self.base].cast("i")
+        self.slot = self._mapped  # the slots lookups read: the image's while there is one
+        self._image: bytearray | None = None
+        self._dirty = bytearray()
+        self._cuts = 0  # truncations so far: a flush across one writes nothing
+        self._write_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
         self.slots_used, self.count = 0, 1
         if create:
             self.file.reserve(self.base)
-            prefault(self.file.mm, self.base)  # slots are written at random
-            self._write_header()
+            self._take_image(fresh=True)
         elif self.file.allocated < HEADER_SIZE:
             pass  # never set up (no space for it): empty; its first put allocates and writes
         else:
@@ -129,21 +167,34 @@ class IndexFile:
              self.count) = HEADER.unpack_from(self.file.mm, 0)
             self.count = max(1, min(self.count, max_entries))
             self._drop_uncounted()
+        self._durable_count = self.count  # entries below it are on disk
         self.file.wrote = size
 
     @property
     def path(self) -> Path:
         return self.file.path
 
-    def _write_header(self) -> None:
-        HEADER.pack_into(
-            self.file.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
-            self.slots_used, self.count,
-        )
+    def _take_image(self, *, fresh: bool = False) -> None:
+        """Move the head into memory (a copy of the file's, or zeros for a new file) before
+        this file is written to."""
+        if self._image is not None:
+            return
+        if fresh:
+            self._image = bytearray(self.base)
+        else:
+            with memoryview(self.file.mm) as mm:
+                self._image = bytearray(mm[: self.base])
+        self._dirty = bytearray(-(-self.base // HEAD_CHUNK))
+        self.slot = memoryview(self._image)[HEADER_SIZE:].cast("i")
+
+    def _header(self) -> bytes:
+        return HEADER.pack(self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
+                           self.slots_used, self.count)
 
     def _head(self, slot_value: int) -> int:
         """A slot's chain head if it names a counted entry.  A slot may name an entry past
-        ``count`` (written after the header last reached disk); follow its chain down."""
+        ``count`` (a power cut kept a newer slot page than the header); follow its chain
+        down."""
         mm = self.file.mm
         base = self.base
         while slot_value >= self.count:
@@ -151,12 +202,14 @@ class IndexFile:
         return max(slot_value, 0)
 
     def _drop_uncounted(self) -> None:
-        """Forget entries a killed process wrote past ``count``.  Their slots name them: the
-        next puts would overwrite those entries and hang each such bucket's older chain off an
-        unrelated one, so the slots go back to their counted heads and the entries to zero."""
+        """Forget entries past ``count`` (put after the last flush).  A slot may name one (a
+        power cut kept a slot page newer than the header): the next puts would overwrite
+        those entries and hang each such bucket's older chain off an unrelated one, so the
+        slots go back to their counted heads, on disk before the entries become zeros."""
         mm, slot = self.file.mm, self.slot
         end = self.count
         readable = (self.file.allocated - self.base) // ENTRY_SIZE  # never read a hole
+        moved = False
         while end < min(self.max_entries, readable):
             entry = ENTRY.unpack_from(mm, self.base + end * ENTRY_SIZE)
             if not any(entry):
@@ -164,7 +217,10 @@ class IndexFile:
             s = entry[0] % self.slots
             if slot[s] >= self.count:
                 slot[s] = self._head(slot[s])
+                moved = True
             end += 1
+        if moved:
+            self.file.sync_range(0, self.base)
         self._zero_entries(self.count, end)
 
     def _zero_entries(self, start: int, end: int) -> None:
@@ -176,15 +232,15 @@ class IndexFile:
         """Index ``(key hashes, log offset)`` items stored at ``store_ts``; returns how many
         items were indexed completely (the caller moves the rest to a new file).
 
-        This runs on the append path for two keys a message (UNIQ_KEY and KEYS), once per
-        appended batch.  Each entry is written before the slot that names it and the header
-        counts them last: a process killed anywhere leaves every chain reachable.  An item's
-        entries are allocated before any is written (a chunk ahead); when the disk has no room
-        this raises ``OSError`` (ENOSPC), the items before it indexed and counted.
+        This runs on the append path, under the store's put lock, for two keys a message
+        (UNIQ_KEY and KEYS), once per appended batch.  An item's entries are allocated before
+        any is written (a chunk ahead); when the disk has no room this raises ``OSError``
+        (ENOSPC), the items before it indexed and counted.
 
         ``put_entries``: the loop that writes entries while they need no allocation
         (:func:`put_entries` or its compiled twin); the allocation between is taken here.
         """
+        self._take_image()
         file, base, max_entries = self.file, self.base, self.max_entries
         count = self.count
         if count == 1:
@@ -196,9 +252,9 @@ class IndexFile:
         try:
             while done < len(items):
                 allocated = (file.allocated - base) // ENTRY_SIZE  # entries whose blocks exist
-                done, count, used = put_entries(file.mm, self.slot, self.slots, base, items,
-                                                done, count, used, min(max_entries, allocated),
-                                                diff)
+                done, count, used = put_entries(file.mm, self.slot, self._dirty, self.slots,
+                                                base, items, done, count, used,
+                                                min(max_entries, allocated), diff)
                 if done == len(items):
                     break
                 end = count + len(items[done][0])
@@ -211,7 +267,6 @@ class IndexFile:
                 self.slots_used += used
                 self.end_ts = store_ts
                 self.end_phys = items[done - 1][1]
-                self._write_header()
         return done
 
     def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:
@@ -238,7 +293,8 @@ class IndexFile:
 
     def truncate(self, log_end: int) -> None:
         """Forget the entries for log offsets at or past ``log_end`` (entries are written in
-        log order, so they are a suffix) and unhook them from their slots."""
+        log order, so they are a suffix) and unhook them from their slots.  Runs under the
+        store's put lock; the head is on disk before the entries become zeros."""
         mm = self.file.mm
         base = self.base
         old = count = self.count
@@ -246,6 +302,8 @@ class IndexFile:
             count -= 1
         if count == old:
             return
+        self._take_image()
+        self._cuts += 1  # a flush under way now writes nothing: this writes the head whole
         self.count = count  # _head now follows chains below the new count
         for i in range(count, old):
             s = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)[0] % self.slots
@@ -253,27 +311,90 @@ class IndexFile:
                 head = self.slot[s] = self._head(self.slot[s])
                 if head == 0:
                     self.slots_used -= 1
-        self._zero_entries(count, old)
         if count > 1:
             _, self.end_phys, diff, _ = ENTRY.unpack_from(mm, base + (count - 1) * ENTRY_SIZE)
             self.end_ts = self.begin_ts + diff * 1000  # whole seconds: never later than it was
         else:
             self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
-        self._write_header()
+        assert self._image is not None
+        self._dirty[:] = bytes(len(self._dirty))  # all of it is written below
+        with self._write_lock:
+            self._write_head([(0, self._image)], self._header(), count)
+        self._zero_entries(count, old)
 
-    def flush(self) -> None:
-        # Slots are written anywhere in the file, so there is no "written up to" to track:
-        # flush it all (msync writes only the dirty pages).
-        self.file.flushed = 0
-        self.file.flush()
+    def flush(self, put_lock: AbstractContextManager[object]) -> None:
+        """Put the entries written since the last flush on disk, then the head (as it was
+        once they were written), so that no slot on disk ever names an entry that is not.
+
+        Runs on the projection flusher's thread (or a caller of the store's ``flush``), while
+        puts go on: changed chunks are copied first (each copy is one step the GIL keeps
+        whole against a compiled put, which writes an entry before its slot), then the header
+        is taken under ``put_lock``, so its count covers every entry those chunks name; only
+        that much is synced before the head is written back.  A truncation meanwhile writes
+        the head itself, and this round writes none of it.
+        """
+        with self._flush_lock:
+            cuts, image, dirty = self._cuts, self._image, self._dirty
+            if image is None:
+                return  # not written in this process since it was opened (or since it filled)
+            runs: list[tuple[int, bytearray]] = []
+            chunk = dirty.find(1)
+            while chunk >= 0:
+                end = dirty.find(0, chunk)
+                end = len(dirty) if end < 0 else end
+                dirty[chunk:end] = bytes(end - chunk)  # cleared before the copy: see put_entries
+                runs.append((chunk * HEAD_CHUNK, image[chunk * HEAD_CHUNK : end * HEAD_CHUNK]))
+                chunk = dirty.find(1, end)
+            with put_lock:
+                if self._cuts != cuts or (not runs and self.count == self._durable_count):
+                    return
+                header, count = self._header(), self.count
+            with self._write_lock:
+                if self._cuts != cuts or self.file.mm.closed:
+                    return
+                self._write_head(runs, header, count)
+
+    def _write_head(self, runs: list[tuple[int, bytearray]], header: bytes, count: int) -> None:
+        """Put entries up to ``count`` on disk, then the head's changed chunks ``runs`` (the
+        header bytes in them left out), then ``header``, each before the next: a header on
+        disk vouches for every slot page, so a power cut that kept a new header and an old
+        slot page cannot hide the entries that slot's newer value names."""
+        at = self.base + min(self._durable_count, count) * ENTRY_SIZE
+        self.file.sync_range(at, self.base + count * ENTRY_SIZE)
+        for at, data in runs:
+            with memoryview(data) as view:
+                skip = max(0, HEADER_SIZE - at)
+                self.file.write_at(view[skip:], at + skip)
+        os.fdatasync(self.file.fd)  # written through the descriptor: synced through it
+        self.file.write_at(header, 0)
+        os.fdatasync(self.file.fd)
+        self._durable_count = count
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the head is kept in memory (the file was written to since it opened)."""
+        return self._image is not None
+
+    def settled(self) -> bool:
+        """Whether the head on disk is the one in memory and nothing is left to flush (under
+        the store's put lock: no put or truncation under way)."""
+        return self._durable_count == self.count and self._dirty.find(1) < 0
+
+    def release_image(self) -> None:
+        """Read the head from the file again (a full file, once :meth:`settled`)."""
+        self.slot = self._mapped
+        self._image = None
+        self._dirty = bytearray()
 
     def close(self) -> None:
-        self.slot.release()  # the mapping cannot close while a view of it is exported
-        self.file.close()
+        with self._write_lock:
+            self._mapped.release()  # the mapping cannot close while a view of it is exported
+            self.file.close()
 
     def destroy(self) -> None:
-        self.slot.release()
-        self.file.destroy()
+        with self._write_lock:
+            self._mapped.release()
+            self.file.destroy()
 
 
 SPARE_AT = 0.75
@@ -292,10 +413,13 @@ class IndexService:
     def __init__(
         self, directory: Path, slots: int, max_entries: int, allocator: Allocator | None = None,
         put_entries: PutEntries = put_entries,
+        put_lock: AbstractContextManager[object] | None = None,
     ):
         """``put_entries``: the entry-writing loop :meth:`IndexFile.put` runs (the pure one
-        or its compiled twin)."""
+        or its compiled twin).  ``put_lock``: the lock every put, truncation and expiry runs
+        under (the store's); :meth:`flush` takes it for moments."""
         self.directory = directory
+        self._put_lock = put_lock if put_lock is not None else threading.RLock()
         self._put_entries = put_entries
         self.slots = slots
         self.max_entries = max_entries
@@ -303,12 +427,20 @@ class IndexService:
         self._allocator = allocator
         self._spare: Path | None = None  # the pre-built (or being built) next file
         self._spare_at = max(1, int(max_entries * SPARE_AT))
+        self._named_ms = 0  # the creation time in the newest file's name
 
     def load(self) -> None:
+        """Open the directory's files.  Those at the end that count no entry were never
+        flushed (their entries, if any, were put after the last flush and are uncounted):
+        they go, and recovery indexes their records again, into files named after the rest."""
         if self.directory.is_dir():
             for p in sorted(self.directory.iterdir()):
-                if p.name.isdigit():
+                if p.name.isdigit() and len(p.name) == len(index_file_name(0)):
                     self.files.append(IndexFile(p, self.slots, self.max_entries, create=False))
+        while self.files and self.files[-1].count <= 1:
+            self.files.pop().destroy()
+        if self.files:
+            self._named_ms = index_file_ms(self.files[-1].path.name)
 
     @property
     def end_phys(self) -> int:
@@ -346,13 +478,16 @@ class IndexService:
         self._spare = self._free_path(now_ms)
         head = HEADER_SIZE + self.slots * SLOT_SIZE
         self._allocator.build(self._spare, 0, index_file_size(self.slots, self.max_entries),
-                              warm=head, allocate=head)
+                              warm=0, allocate=head)  # the head is written from memory
 
     def _free_path(self, ms: int) -> Path:
-        """A file name after every existing one (names are creation times)."""
+        """A file name after every existing one (names are creation times, and the order of
+        the files; recovery indexes with the records' store times, which may be older)."""
         durable_fs.make_dirs(self.directory)
+        ms = max(ms, self._named_ms + 1)
         while (self.directory / index_file_name(ms)).exists():
             ms += 1
+        self._named_ms = ms
         return self.directory / index_file_name(ms)
 
     def _new_file(self, now_ms: int) -> IndexFile:
@@ -399,8 +534,17 @@ class IndexService:
         return count
 
     def flush(self) -> None:
-        for f in self.files[-2:]:
-            f.flush()
+        """Flush every file whose head is in memory: the one being written, and those that
+        filled since the last flush.  A full file whose head is on disk as it is in memory
+        reads it from the file from then on."""
+        with self._put_lock:
+            files = [f for f in self.files if f.in_memory]
+        for f in files:
+            f.flush(self._put_lock)
+        with self._put_lock:
+            for f in files:
+                if f in self.files[:-1] and f.settled():
+                    f.release_image()
 
     def close(self) -> None:
         for f in self.files:

@@ -46,7 +46,7 @@ def _compiled() -> StoreKernels | None:
         store_at=append_loop.STORE_AT, store_end=append_loop.STORE_END,
         queue_offset_at=rec.QUEUE_OFFSET_AT, physical_offset_at=rec.PHYSICAL_OFFSET_AT,
         cq_entry_size=consume_queue.ENTRY_SIZE, index_header_size=index_file.HEADER_SIZE,
-        index_entry_size=index_file.ENTRY_SIZE,
+        index_entry_size=index_file.ENTRY_SIZE, index_head_chunk=index_file.HEAD_CHUNK,
     )
     return StoreKernels(store_kernels.append_records, store_kernels.put_entries)
 

@@ -210,10 +210,18 @@ class MappedFile:
         target, pos = self.wrote, self.committed
         if target > pos:
             with memoryview(buf) as view:
-                while pos < target:
-                    pos += os.pwrite(self.fd, view[pos:target], pos)
+                self.write_at(view[pos:target], pos)
             self.committed = target
         return target
+
+    def write_at(self, data: bytes | bytearray | memoryview, pos: int) -> None:
+        """Write ``data`` at ``pos`` through the file (the mapping sees it: one page cache).
+        ``pwrite`` releases the GIL for the copy, where a write through the mapping holds it
+        and takes a fault on each page an msync cleaned."""
+        with memoryview(data) as view:
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], pos + done)
 
     def reserve(self, end: int) -> None:
         """Make sure the blocks of the first ``end`` bytes are allocated (a whole chunk

@@ -58,21 +58,24 @@ cdef Py_ssize_t STORE_SIZE = 0
 cdef Py_ssize_t QUEUE_OFFSET_AT = 0
 cdef Py_ssize_t CQ_ENTRY_SIZE = 0
 cdef Py_ssize_t INDEX_ENTRY_SIZE = 0
+cdef Py_ssize_t INDEX_HEADER_SIZE = 0
+cdef Py_ssize_t INDEX_HEAD_CHUNK = 1
 cdef bint bound = False
 
 
 def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, store_at, store_end,
          queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
-         index_entry_size) -> None:
+         index_entry_size, index_head_chunk) -> None:
     """Hand the kernels the layout numbers and the Dispatched class (called once, by
     evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
     (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
     changed stops the import rather than write wrong bytes."""
     global Dispatched, NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT, STORE_AT, STORE_SIZE
-    global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, bound
+    global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK
+    global bound
     global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
     if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
-            or index_entry_size != 20 or index_header_size != 40):
+            or index_entry_size != 20 or index_header_size != 40 or index_head_chunk <= 0):
         raise RuntimeError("a store layout changed: store_kernels.pyx writes the old one")
     fields = [(a.name, a.validator, a.converter) for a in dispatched.__attrs_attrs__]
     if (fields != [(name, None, None) for name in DISPATCHED_FIELDS]
@@ -90,6 +93,7 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT = no_queue_entry, host_v6, sysflag_low_at
     STORE_AT, STORE_SIZE = store_at, store_end - store_at
     QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE = queue_offset_at, cq_entry_size, index_entry_size
+    INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK = index_header_size, index_head_chunk
     bound = True
 
 
@@ -288,12 +292,14 @@ cdef int prefetch_heads(int32_t* heads, int64_t slots, list items, Py_ssize_t do
     return 0
 
 
-def put_entries(object mm, object slot, Py_ssize_t slots, Py_ssize_t base, list items,
-                Py_ssize_t done, Py_ssize_t count, Py_ssize_t used, Py_ssize_t limit,
+def put_entries(object mm, object slot, object dirty, Py_ssize_t slots, Py_ssize_t base,
+                list items, Py_ssize_t done, Py_ssize_t count, Py_ssize_t used, Py_ssize_t limit,
                 int32_t diff) -> tuple:
-    """The twin of :func:`evq.backends.mmapfile.index_file.put_entries`."""
-    cdef Py_buffer out, table
+    """The twin of :func:`evq.backends.mmapfile.index_file.put_entries`.  It holds the GIL
+    throughout: a flush copying a head chunk sees a put whole or not at all."""
+    cdef Py_buffer out, table, flags
     cdef uint8_t* p
+    cdef uint8_t* chunk_flags
     cdef int32_t* heads
     cdef int64_t h, phys, s
     cdef int32_t head
@@ -304,36 +310,44 @@ def put_entries(object mm, object slot, Py_ssize_t slots, Py_ssize_t base, list 
     try:
         writable(slot, &table)
         try:
-            if table.len < slots * 4 or table.itemsize != 4:
-                raise ValueError("slot must be the native int view of the slot table")
-            heads = <int32_t*>table.buf
-            prefetch_heads(heads, slots, items, done, nitems)
-            for k in range(done, nitems):
-                hashes, phys_obj = items[k]
-                m = len(hashes)
-                if count + m > limit:
-                    break
-                phys = phys_obj
-                for j in range(m):
-                    h = hashes[j]
-                    if not INT32_MIN <= h <= INT32_MAX:
-                        raise struct_error("an index key hash out of the int32 range")
-                    s = h % slots
-                    if s < 0:  # Python's modulo: the slot of a negative hash is positive too
-                        s += slots
-                    head = heads[s]
-                    if not head:
-                        used += 1
-                    if base + (count + 1) * INDEX_ENTRY_SIZE > out.len:
-                        raise IndexError("index entry past the end of its file")
-                    p = <uint8_t*>out.buf + base + count * INDEX_ENTRY_SIZE
-                    put32(p, <uint32_t>h)
-                    put64(p + 4, <uint64_t>phys)
-                    put32(p + 12, <uint32_t>diff)
-                    put32(p + 16, <uint32_t>head)
-                    heads[s] = <int32_t>count
-                    count += 1
-                done += 1
+            writable(dirty, &flags)
+            try:
+                if table.len < slots * 4 or table.itemsize != 4:
+                    raise ValueError("slot must be the native int view of the slot table")
+                if flags.len * INDEX_HEAD_CHUNK < INDEX_HEADER_SIZE + slots * 4:
+                    raise ValueError("dirty must hold a flag for each head chunk")
+                heads = <int32_t*>table.buf
+                chunk_flags = <uint8_t*>flags.buf
+                prefetch_heads(heads, slots, items, done, nitems)
+                for k in range(done, nitems):
+                    hashes, phys_obj = items[k]
+                    m = len(hashes)
+                    if count + m > limit:
+                        break
+                    phys = phys_obj
+                    for j in range(m):
+                        h = hashes[j]
+                        if not INT32_MIN <= h <= INT32_MAX:
+                            raise struct_error("an index key hash out of the int32 range")
+                        s = h % slots
+                        if s < 0:  # Python's modulo: a negative hash's slot is positive too
+                            s += slots
+                        head = heads[s]
+                        if not head:
+                            used += 1
+                        if base + (count + 1) * INDEX_ENTRY_SIZE > out.len:
+                            raise IndexError("index entry past the end of its file")
+                        p = <uint8_t*>out.buf + base + count * INDEX_ENTRY_SIZE
+                        put32(p, <uint32_t>h)
+                        put64(p + 4, <uint64_t>phys)
+                        put32(p + 12, <uint32_t>diff)
+                        put32(p + 16, <uint32_t>head)
+                        heads[s] = <int32_t>count
+                        chunk_flags[(INDEX_HEADER_SIZE + 4 * s) // INDEX_HEAD_CHUNK] = 1
+                        count += 1
+                    done += 1
+            finally:
+                PyBuffer_Release(&flags)
         finally:
             PyBuffer_Release(&table)
     finally:
