@@ -130,7 +130,8 @@ class IndexFile:
     held, and ``_flush_lock`` (one flush at a time) never while either is."""
 
     __slots__ = (
-        "_cuts", "_dirty", "_durable_count", "_flush_lock", "_image", "_mapped", "_write_lock",
+        "_closed", "_cuts", "_dirty", "_durable_count", "_flush_lock", "_image", "_mapped",
+        "_write_lock",
         "base", "begin_phys", "begin_ts", "count", "end_phys", "end_ts", "file", "max_entries",
         "slot", "slots", "slots_used",
     )
@@ -155,6 +156,7 @@ class IndexFile:
         self._cuts = 0  # truncations so far: a flush across one writes nothing
         self._write_lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self._closed = False  # under _write_lock: no write through a descriptor closed since
         self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
         self.slots_used, self.count = 0, 1
         if create:
@@ -351,7 +353,7 @@ class IndexFile:
                     return
                 header, count = self._header(), self.count
             with self._write_lock:
-                if self._cuts != cuts or self.file.mm.closed:
+                if self._cuts != cuts or self._closed:
                     return
                 self._write_head(runs, header, count)
 
@@ -390,11 +392,13 @@ class IndexFile:
 
     def close(self) -> None:
         with self._write_lock:
+            self._closed = True
             self._mapped.release()  # the mapping cannot close while a view of it is exported
             self.file.close()
 
     def destroy(self) -> None:
         with self._write_lock:
+            self._closed = True
             self._mapped.release()
             self.file.destroy()
 
