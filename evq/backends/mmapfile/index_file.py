@@ -306,7 +306,7 @@ class IndexFile:
         if count == old:
             return
         self.take_head()
-        self._cuts += 1  # a flush under way now writes nothing: this writes the head whole
+        self._cuts += 1  # a flush under way now writes nothing: write_head writes it whole
         self.count = count  # _head now follows chains below the new count
         for i in range(count, old):
             s = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)[0] % self.slots
@@ -319,11 +319,18 @@ class IndexFile:
             self.end_ts = self.begin_ts + diff * 1000  # whole seconds: never later than it was
         else:
             self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
-        assert self._image is not None
-        self._dirty[:] = bytes(len(self._dirty))  # all of it is written below
-        with self._write_lock:
-            self._write_head([(0, self._image)], self._header(), count)
+        self.write_head()
         self._zero_entries(count, old)
+
+    def write_head(self) -> None:
+        """Write the whole head to the file now, after the entries it names (under the
+        store's put lock; a flush under way writes none of it)."""
+        if self._image is None:
+            return  # the file holds it already
+        self._cuts += 1
+        self._dirty[:] = bytes(len(self._dirty))
+        with self._write_lock:
+            self._write_head([(0, self._image)], self._header(), self.count)
 
     def flush(self, put_lock: AbstractContextManager[object]) -> None:
         """Put the entries written since the last flush on disk, then the head (as it was
@@ -530,6 +537,12 @@ class IndexService:
         while self.files and (self.files[-1].begin_phys >= log_end or self.files[-1].count <= 1):
             self.files.pop().destroy()
         if self.files:
+            # Heads reach the files in file order: the cut file's may not be on disk while
+            # an earlier one filled since the last flush is not (opening would take the earlier
+            # file for one never flushed, and recovery would not index its records again).
+            for f in self.files[:-1]:
+                if f.in_memory and not f.settled():
+                    f.write_head()
             self.files[-1].truncate(log_end)
 
     def delete_expired(self, log_min: int) -> int:
