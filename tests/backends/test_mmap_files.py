@@ -38,6 +38,7 @@ from evq.backends.mmapfile.mapped_file import (
 )
 from evq.backends.registry import open_log
 from evq.domain import sysflag as sf
+from evq.domain.broker import SendResult
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import AppendResult, FlushMode, PutStatus
 from evq.domain.message import new_message
@@ -111,6 +112,13 @@ def test_an_appended_batch_sums_up_as_its_results_do(
     assert batch.end_offset() == max([r.end_offset for r in results], default=0)
     assert batch.size() == sum(r.size for r in results)
     assert batch.msg_ids() == ",".join(r.msg_id for r in results)
+    # The summary a send's answer reads in one call, and the same read off a list of results
+    # (what another backend returns).
+    summary = batch.summary()
+    assert summary == (
+        results[0].physical_offset if results else -1, results[0].queue_offset if results else -1,
+        batch.end_offset(), batch.msg_ids(), len(results), batch.size())
+    assert SendResult(batch.status(), "T", 0, results).summary() == summary
 
 
 # --- msync and pre-faulting ----------------------------------------------------------------------
