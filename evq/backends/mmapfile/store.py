@@ -127,6 +127,12 @@ class MmapMessageLog(StoreShell):
                                    self._allocator, self.kernels.put_entries, self._put_lock)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
+        self._run = AppendRun(
+            records=(), mf=None, mm=None, start=0, pos=0, room=0,  # type: ignore[arg-type]
+            min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record, now=-1, store_fields=b"",
+            cqs=self._cqs, patch_v6=self._patch_store_fields,
+        )
+        """The append loop's state (see :meth:`append`), used under the put lock."""
 
     def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
         """The transient store pool if the config enables it and its rule allows it (see
@@ -452,17 +458,18 @@ class MmapMessageLog(StoreShell):
             if now < self._last_store_ts:
                 now = self._last_store_ts
             self._last_store_ts = now
+            # One run a store, refreshed a call (a run built a call was a sixth of a single
+            # send's append): the write segment and its writer (the mapping, or with a
+            # transient store pool the buffer the commit service writes to the file: readers
+            # never look there, see _queue_end, MappedFile.read_end) as they are now, and
+            # the store fields packed once a millisecond.
+            run = self._run
             mf = self._log.files[-1]
-            # The writer is the mapping, or with a transient store pool the buffer the commit
-            # service writes to the file: readers never look there (see _queue_end,
-            # MappedFile.read_end).
-            run = AppendRun(
-                records=records, mf=mf, mm=mf.writer, start=mf.start, pos=mf.wrote,
-                room=self._room(mf), min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record,
-                now=now, store_fields=_STORE_V4.pack(now, self._host), cqs=self._cqs,
-                patch_v6=self._patch_store_fields,
-                notify=[] if self._subscribers else None,
-            )
+            run.at(mf, self._room(mf))
+            if now != run.now:
+                run.now, run.store_fields = now, _STORE_V4.pack(now, self._host)
+            run.records, run.places, run.indexed = records, [], []
+            run.notify = [] if self._subscribers else None
             append_records, count, i, prepared = self.kernels.append_records, len(records), 0, -1
             try:
                 # The loop appends records while they take the fast path; the rare steps
@@ -491,7 +498,8 @@ class MmapMessageLog(StoreShell):
                     self._committer.defer(run.start + pos, run.notify)
                 else:
                     self._subscribers.notify(run.notify)
-        return AppendedBatch(run.places, now, self._host)
+            places, run.records = run.places, ()  # the run keeps no batch alive
+        return AppendedBatch(places, now, self._host)
 
     def _warm_ahead(self, mf: MappedFile, pos: int) -> None:
         """Have the allocator fault in the pages past ``pos`` of the write segment ``mf``
