@@ -124,8 +124,9 @@ physical offset is negative when the first record was refused (the answer is a r
 class AppendedRecords:
     """What :meth:`MessageLog.append` may return instead of a list: a sequence of results
     that also sums itself up for a send's answer (its status, end, bytes and msgIds, and
-    :meth:`summary`) without making an :class:`AppendResult` a record.  A backend that keeps its results compactly
-    returns one (the mmap store does); the broker reads any other sequence result by result.
+    :meth:`summary`) without making an :class:`AppendResult` a record.  A backend that
+    keeps its results compactly returns one (the mmap store does); the broker reads any other
+    sequence result by result.
 
     A plain class, not an ABC (its subclasses add ``Sequence``): the broker asks
     ``isinstance`` of it several times a send, and ABCMeta's check runs Python code."""

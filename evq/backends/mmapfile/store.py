@@ -488,17 +488,20 @@ class MmapMessageLog(StoreShell):
                 # there is room again (see evq.backends.shell).
                 self._found_no_space(exc)
                 run.places += [REFUSED] * (count - len(run.places))
-            if run.indexed:
-                self._put_index(run.indexed, now)
-            mf, pos = run.mf, run.pos
-            self._dispatched = run.start + pos
+            # Out of the run before anything else runs: a dispatch subscriber may append
+            # (the lock is reentrant), and the run then keeps no batch alive.
+            places, indexed, notify, mf, pos, end = (
+                run.places, run.indexed, run.notify, run.mf, run.pos, run.start + run.pos)
+            run.records = ()
+            if indexed:
+                self._put_index(indexed, now)
+            self._dispatched = end
             self._warm_ahead(mf, pos)
-            if run.notify:
+            if notify:
                 if self._committer is not None:  # announced once they are in the file
-                    self._committer.defer(run.start + pos, run.notify)
+                    self._committer.defer(end, notify)
                 else:
-                    self._subscribers.notify(run.notify)
-            places, run.records = run.places, ()  # the run keeps no batch alive
+                    self._subscribers.notify(notify)
         return AppendedBatch(places, now, self._host)
 
     def _warm_ahead(self, mf: MappedFile, pos: int) -> None:
