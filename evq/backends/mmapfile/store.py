@@ -465,7 +465,7 @@ class MmapMessageLog(StoreShell):
             # the store fields packed once a millisecond.
             run = self._run
             mf = self._log.files[-1]
-            run.at(mf, self._room(mf))
+            run.at(mf)
             if now != run.now:
                 run.now, run.store_fields = now, _STORE_V4.pack(now, self._host)
             run.records, run.places, run.indexed = records, [], []
@@ -510,12 +510,6 @@ class MmapMessageLog(StoreShell):
         if mf.start + pos >= self._warm_at:
             self._warm_at = self._allocator.warm_ahead(mf, pos)
 
-    def _room(self, mf: MappedFile) -> int:
-        """How far records go into ``mf`` before a rare step: each must leave room for the
-        BLANK after it, and that BLANK must be allocated."""
-        fits = mf.size - rec.BLANK_SIZE
-        return min(fits, mf.allocated - rec.BLANK_SIZE)
-
     def _prepare_record(self, run: AppendRun, r: rec.PutRecord) -> int:
         """The rare steps before record ``r`` (where :func:`append_records` stopped): returns
         1 if it is refused as illegal (its place noted), else 0 once it will take the fast path:
@@ -536,7 +530,7 @@ class MmapMessageLog(StoreShell):
                 self._note_usage()
             # Allocated before a byte of the record is written (or OSError).
             mf.reserve(mf.wrote + n + rec.BLANK_SIZE)
-            run.at(mf, self._room(mf))
+            run.at(mf)
         if not r.sysflag & NO_QUEUE_ENTRY:
             key = (r.topic, r.queue_id)
             cq = self._cqs.get(key) or self._new_cq(*key)
