@@ -10,6 +10,8 @@ and a command whose header orjson writes as ASCII.  Anything else (a short or ma
 a binary header, an odd JSON value, a lone surrogate, a body that is not ``bytes``) is handed
 to the pure function on the same input, so it ends exactly as there, error for error;
 tests/net/test_frame_kernels.py checks the two give the same over the whole input space.
+A third kernel, ``parse_send_header``, reads the send header out of a decoded command's fields
+for the send processor (its reference is evq.net.send_header.parse; see its section below).
 
 The module imports nothing from evq: :func:`bind` hands it the classes and pure functions it
 builds on, once, when evq.net.protocol loads it.
