@@ -29,7 +29,14 @@ from evq.domain.delay import DelayLevels
 from evq.domain.groups import SubscriptionGroupConfig, validate_group
 from evq.domain.hashing import tags_code
 from evq.domain.locks import RebalanceLockManager
-from evq.domain.log import AppendedRecords, AppendResult, GetStatus, MessageLog, PutStatus
+from evq.domain.log import (
+    AppendedRecords,
+    AppendResult,
+    AppendSummary,
+    GetStatus,
+    MessageLog,
+    PutStatus,
+)
 from evq.domain.message import (
     MAX_PROPERTIES_BYTES,
     Host,
@@ -146,6 +153,17 @@ class SendResult:
         if isinstance(appended, AppendedRecords):
             return appended.size()
         return sum([a.size for a in appended])
+
+    def summary(self) -> AppendSummary:
+        """What a send's answer reads of the results (see :data:`AppendSummary`)."""
+        appended = self.appended
+        if isinstance(appended, AppendedRecords):
+            return appended.summary()
+        if not appended:
+            return -1, -1, 0, "", 0, 0
+        first = appended[0]
+        return (first.physical_offset, first.queue_offset, self.end_offset, self.msg_id,
+                len(appended), self.size)
 
 
 @attrs.frozen(slots=True)

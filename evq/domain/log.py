@@ -114,11 +114,19 @@ class AppendResult:
         return offset_msg_id(self.store_host, self.physical_offset) if self.store_host else ""
 
 
+AppendSummary = tuple[int, int, int, str, int, int]
+"""``(first physical offset, first queue offset, end offset, msgIds, count, bytes)`` of an
+append's results: everything a send's answer reads of them, taken in one call (a sync send
+read them through six properties and methods, each a cold Python frame a request).  The first
+physical offset is negative when the first record was refused (the answer is a refusal)."""
+
+
 class AppendedRecords:
     """What :meth:`MessageLog.append` may return instead of a list: a sequence of results
-    that also sums itself up for a send's answer (its status, end, bytes and msgIds) without
-    making an :class:`AppendResult` a record.  A backend that keeps its results compactly
-    returns one (the mmap store does); the broker reads any other sequence result by result.
+    that also sums itself up for a send's answer (its status, end, bytes and msgIds, and
+    :meth:`summary`) without making an :class:`AppendResult` a record.  A backend that
+    keeps its results compactly returns one (the mmap store does); the broker reads any other
+    sequence result by result.
 
     A plain class, not an ABC (its subclasses add ``Sequence``): the broker asks
     ``isinstance`` of it several times a send, and ABCMeta's check runs Python code."""
@@ -139,6 +147,10 @@ class AppendedRecords:
 
     def msg_ids(self) -> str:
         """Each result's :attr:`AppendResult.msg_id`, comma-joined."""
+        raise NotImplementedError
+
+    def summary(self) -> AppendSummary:
+        """The :data:`AppendSummary` of the results."""
         raise NotImplementedError
 
 

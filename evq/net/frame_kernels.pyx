@@ -10,6 +10,8 @@ and a command whose header orjson writes as ASCII.  Anything else (a short or ma
 a binary header, an odd JSON value, a lone surrogate, a body that is not ``bytes``) is handed
 to the pure function on the same input, so it ends exactly as there, error for error;
 tests/net/test_frame_kernels.py checks the two give the same over the whole input space.
+A third kernel, ``parse_send_header``, reads the send header out of a decoded command's fields
+for the send processor (its reference is evq.net.send_header.parse; see its section below).
 
 The module imports nothing from evq: :func:`bind` hands it the classes and pure functions it
 builds on, once, when evq.net.protocol loads it.
@@ -215,3 +217,116 @@ def encode_frame(cmd):
     memcpy(out + 8, h, header_length)
     memcpy(out + 8 + header_length, PyBytes_AS_STRING(body), body_length)
     return frame
+
+
+# --- the send header --------------------------------------------------------------------------
+#
+# evq.net.send_header.parse, for the header nearly every send carries: a dict of strings whose
+# numbers are short runs of ASCII digits (a producer writes them with Java's or Python's
+# toString) and whose batch flag, if any, is spelled as Java spells it.  Anything else (a sign,
+# a long number, an odd spelling, a missing required field, a value that is no str) goes to
+# the pure parse on the same input, which reads it or refuses it there.
+
+cdef extern from "Python.h":
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    bint PyUnicode_IS_ASCII(object)
+    const uint8_t* PyUnicode_1BYTE_DATA(object)
+
+cdef object SendHeader = None
+cdef object pure_parse_send_header = None
+cdef object auto_create_topic = None
+cdef object send_v2_code = None
+cdef object send_batch_code = None
+cdef object max_reconsume_since = None
+# The long names, then the V2 one-letter names, of the fields read, in SendHeader's order.
+cdef tuple LONG_NAMES = ("topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+                         "bornTimestamp", "flag", "properties", "reconsumeTimes",
+                         "maxReconsumeTimes", "batch")
+cdef tuple SHORT_NAMES = tuple("bcdefghijlm")
+SEND_HEADER_FIELDS = ("topic", "queue_id", "sys_flag", "born_timestamp", "default_topic",
+                      "default_topic_queue_nums", "flag", "properties", "reconsume_times",
+                      "max_reconsume_times", "batch")
+
+
+def bind_send_header(*, send_header, pure_parse, short_names, auto_create, v2_code, batch_code,
+                     reconsume_since) -> None:
+    """Hand the send-header kernel its class, its pure twin and the protocol's numbers (called
+    once by evq.net.send_header).  A header class or naming that changed stops the import."""
+    global SendHeader, pure_parse_send_header, auto_create_topic
+    global send_v2_code, send_batch_code, max_reconsume_since
+    fields = tuple(a.name for a in send_header.__attrs_attrs__)
+    if fields != SEND_HEADER_FIELDS:
+        raise RuntimeError(f"{send_header.__name__} fields changed: {fields}")
+    if tuple(short_names[name] for name in LONG_NAMES) != SHORT_NAMES:
+        raise RuntimeError("the V2 send header's short names changed")
+    SendHeader, pure_parse_send_header = send_header, pure_parse
+    auto_create_topic = auto_create
+    send_v2_code, send_batch_code, max_reconsume_since = v2_code, batch_code, reconsume_since
+
+
+cdef inline bint digits(object text, Py_ssize_t most, long long* value):
+    """Whether ``text`` is a str of one to ``most`` ASCII digits; its value in ``value``."""
+    cdef Py_ssize_t n, i
+    cdef const uint8_t* p
+    cdef long long v = 0
+    if not PyUnicode_CheckExact(text) or not PyUnicode_IS_ASCII(text):
+        return False
+    n = PyUnicode_GET_LENGTH(text)
+    if n < 1 or n > most:
+        return False
+    p = PyUnicode_1BYTE_DATA(text)
+    for i in range(n):
+        if not 48 <= p[i] <= 57:
+            return False
+        v = v * 10 + (p[i] - 48)
+    value[0] = v
+    return True
+
+
+cdef inline object got(dict fields, tuple names, Py_ssize_t k):
+    cdef PyObject* found = PyDict_GetItem(fields, names[k])
+    return None if found is NULL else <object>found
+
+
+def parse_send_header(code, version, fields):
+    """The pure ``parse``: ``fields`` (a send's ``ext_fields``) as a SendHeader."""
+    cdef tuple names
+    cdef long long queue_id, sys_flag, born, queue_nums = 4, flag = 0, reconsume = 0
+    cdef long long max_reconsume = 0
+    if not PyDict_CheckExact(fields) or SendHeader is None:
+        return pure_parse_send_header(code, version, fields)
+    names = SHORT_NAMES if code == send_v2_code or "b" in <dict>fields else LONG_NAMES
+    topic = got(fields, names, 0)
+    default_topic = got(fields, names, 1)
+    queue_nums_text = got(fields, names, 2)
+    flag_text = got(fields, names, 6)
+    reconsume_text = got(fields, names, 8)
+    max_reconsume_text = got(fields, names, 9)
+    batch_text = got(fields, names, 10)
+    # Nine digits are within a Java int, eighteen within a long.
+    if (topic is None
+            or not digits(got(fields, names, 3), 9, &queue_id)
+            or not digits(got(fields, names, 4), 9, &sys_flag)
+            or not digits(got(fields, names, 5), 18, &born)
+            or (queue_nums_text is not None and not digits(queue_nums_text, 9, &queue_nums))
+            or (flag_text is not None and not digits(flag_text, 9, &flag))
+            or (reconsume_text is not None and not digits(reconsume_text, 9, &reconsume))):
+        return pure_parse_send_header(code, version, fields)
+    if max_reconsume_text is None or version < max_reconsume_since:
+        max_reconsume_times = None
+    elif digits(max_reconsume_text, 9, &max_reconsume):
+        max_reconsume_times = max_reconsume
+    else:
+        return pure_parse_send_header(code, version, fields)
+    if code == send_batch_code:
+        batch = True
+    elif batch_text is None or batch_text == "false" or batch_text == "0":
+        batch = False
+    elif batch_text == "true" or batch_text == "1":
+        batch = True
+    else:
+        return pure_parse_send_header(code, version, fields)
+    return SendHeader(topic, queue_id, sys_flag, born,
+                      auto_create_topic if default_topic is None else default_topic,
+                      queue_nums, flag, got(fields, names, 7) or "", reconsume,
+                      max_reconsume_times, batch)

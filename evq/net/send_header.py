@@ -11,12 +11,13 @@ both ``topic`` and ``b`` is checked against the topic it is stored under, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import attrs
 
 from evq.domain import topics as tp
+from evq.net import protocol
 from evq.net.codes import RequestCode
 from evq.net.protocol import (
     HeaderFieldError,
@@ -70,7 +71,11 @@ class SendHeader:
 
 def parse(code: int, version: int, fields: Mapping[str, str]) -> SendHeader:
     """``fields`` (a send's ``ext_fields``) as a :class:`SendHeader`; a required field that
-    is absent, or any field that does not parse, is a :class:`HeaderFieldError`."""
+    is absent, or any field that does not parse, is a :class:`HeaderFieldError`.
+
+    The reference; where the frame kernels are built, ``parse`` is their compiled twin
+    (``parse_send_header`` in evq/net/frame_kernels.pyx), which reads the usual header (short
+    ASCII numbers, the batch flag as Java spells it) in C and hands anything else to this."""
     if is_v2(code, fields):
         topic, default_topic, default_queues, queue_id, sys_flag, born, flag, props, \
             reconsume, max_reconsume, batch = map(fields.get, "bcdefghijlm")
@@ -105,3 +110,26 @@ def _required(name: str, value: str | None) -> str:
     if value is None:
         raise HeaderFieldError(f"the custom field <{name}> is null")
     return value
+
+
+Parse = Callable[[int, int, Mapping[str, str]], SendHeader]
+
+
+def _compiled_parse() -> Parse | None:
+    """The compiled twin of :func:`parse`, bound to this module; None where the frame kernels
+    are not built or not wanted (the same switch as :data:`evq.net.protocol.COMPILED`)."""
+    if protocol.COMPILED is None:
+        return None
+    from evq.net import frame_kernels
+
+    frame_kernels.bind_send_header(
+        send_header=SendHeader, pure_parse=parse, short_names=_SHORT,
+        auto_create=tp.AUTO_CREATE_TOPIC, v2_code=RequestCode.SEND_MESSAGE_V2,
+        batch_code=RequestCode.SEND_BATCH_MESSAGE, reconsume_since=MAX_RECONSUME_SINCE)
+    return frame_kernels.parse_send_header  # type: ignore[no-any-return]
+
+
+PURE_PARSE: Final[Parse] = parse
+COMPILED_PARSE: Final = _compiled_parse()
+"""The compiled parse, or None where it is not built or not wanted."""
+parse = COMPILED_PARSE or PURE_PARSE  # type: ignore[assignment]

@@ -38,8 +38,9 @@ from evq.backends.mmapfile.mapped_file import (
 )
 from evq.backends.registry import open_log
 from evq.domain import sysflag as sf
+from evq.domain.broker import SendResult
 from evq.domain.hashing import index_key_hash
-from evq.domain.log import AppendResult, FlushMode, PutStatus
+from evq.domain.log import AppendedRecords, AppendResult, FlushMode, PutStatus
 from evq.domain.message import new_message
 from evq.domain.record import put_record
 from tests.pagecache import dirty_pages
@@ -111,7 +112,38 @@ def test_an_appended_batch_sums_up_as_its_results_do(
     assert batch.end_offset() == max([r.end_offset for r in results], default=0)
     assert batch.size() == sum(r.size for r in results)
     assert batch.msg_ids() == ",".join(r.msg_id for r in results)
+    # The summary a send's answer reads in one call, and the same read off a list of results
+    # (what another backend returns).
+    summary = batch.summary()
+    assert summary == (
+        results[0].physical_offset if results else -1, results[0].queue_offset if results else -1,
+        batch.end_offset(), batch.msg_ids(), len(results), batch.size())
+    assert SendResult(batch.status(), "T", 0, results).summary() == summary
 
+
+
+def test_an_append_from_a_dispatch_subscriber_leaves_the_outer_append_its_results(
+    tmp_path: Path,
+) -> None:
+    """The store keeps one append run and its put lock is reentrant: a subscriber that
+    appends while the store notifies it must not hand the outer append its own results."""
+    log = open_log("mmap", tmp_path / "store", StoreConfig(), background=False)
+    inner: list[AppendedRecords] = []
+    calls = []
+
+    def append_once(_batch: object) -> None:
+        calls.append(None)
+        if len(calls) == 1:  # the inner append notifies too: once is enough
+            inner.append(log.append([put_record(new_message("T", b"inner"))]))
+
+    try:
+        log.subscribe_dispatch(append_once)
+        outer = log.append([put_record(new_message("T", b"outer %d" % i)) for i in range(2)])
+        assert [r.queue_offset for r in outer] == [0, 1]
+        assert [r.queue_offset for r in inner[0]] == [2]
+        assert outer[1].end_offset == inner[0][0].physical_offset
+    finally:
+        log.close()
 
 # --- msync and pre-faulting ----------------------------------------------------------------------
 

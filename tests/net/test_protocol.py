@@ -141,6 +141,21 @@ def test_response_header_is_fastjson_ordered_compact_with_string_ext_fields() ->
     )
 
 
+
+_field_values = st.none() | st.text() | st.integers() | st.booleans()
+
+
+@given(remoting_commands(), st.integers(-(2**31), 2**31 - 1), st.none() | st.text(),
+       st.none() | st.dictionaries(st.text(), _field_values), st.binary(max_size=8))
+def test_a_response_is_what_the_constructor_makes_of_its_fields(
+    request: RemotingCommand, code: int, remark: str | None,
+    fields: dict[str, object] | None, body: bytes,
+) -> None:
+    """response() sets the slots itself (RemotingCommand.direct); the converter still runs."""
+    assert request.response(code, remark, fields, body) == RemotingCommand(
+        code=code, opaque=request.opaque, flag=protocol.RESPONSE_FLAG, remark=remark,
+        ext_fields=fields, body=body, serialize_type=request.serialize_type)
+
 def test_response_omits_absent_remark_and_ext_fields_like_java() -> None:
     raw = RemotingCommand(code=RequestCode.HEART_BEAT, opaque=2).response().encode()
     header = json.loads(raw[8:])

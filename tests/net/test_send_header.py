@@ -3,13 +3,25 @@ the one topic that the ACL verifier and the send processor both read."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from evq.net.codes import RequestCode
 from evq.net.protocol import HeaderFieldError
-from evq.net.send_header import MAX_RECONSUME_SINCE, V2_NAMES, SendHeader, field, parse
+from evq.net.send_header import (
+    COMPILED_PARSE,
+    MAX_RECONSUME_SINCE,
+    PURE_PARSE,
+    V2_NAMES,
+    Parse,
+    SendHeader,
+    field,
+    parse,
+)
 from tests.strategies import INT32_MAX, INT32_MIN, INT64_MAX
 
 _LONG_TO_SHORT = {long: short for short, long in V2_NAMES.items()}
@@ -89,3 +101,48 @@ def test_a_field_that_does_not_parse_is_named(name: str, text: str) -> None:
     fields[name] = text
     with pytest.raises(HeaderFieldError, match=f"<{name}> is not a valid"):
         parse(RequestCode.SEND_MESSAGE, 0, fields)
+
+
+# --- the compiled twin (evq/net/frame_kernels.pyx) ----------------------------------------------
+
+
+def _outcome(parse_fn: Parse, code: int, version: int, fields: Mapping[str, str]) -> object:
+    try:
+        return "value", parse_fn(code, version, fields)
+    except Exception as exc:  # the comparison is the point: any error must match
+        return "raised", type(exc), str(exc)
+
+
+_numbers = st.one_of(
+    st.integers(0, 10**20).map(str),  # around the nine- and eighteen-digit bounds
+    st.integers(-(2**63), 2**63).map(str),
+    st.integers(0, 999).map(lambda n: f"+{n}"),
+    st.integers(0, 99).map(lambda n: "0" * 12 + str(n)),
+    st.sampled_from(["", " 1", "1 ", "\u0663", "\uff11", "1.5", "0x10", "true", "TRUE", "1",
+                     "0", "false", "False", "yes"]),
+    st.text(max_size=4),
+)
+_names = st.sampled_from(sorted({*V2_NAMES, *V2_NAMES.values(), "x"}))
+
+
+@pytest.mark.skipif(COMPILED_PARSE is None, reason="the compiled kernels are not built")
+@given(st.sampled_from([RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2,
+                        RequestCode.SEND_BATCH_MESSAGE, RequestCode.SEND_REPLY_MESSAGE_V2]),
+       st.sampled_from([0, MAX_RECONSUME_SINCE - 1, MAX_RECONSUME_SINCE, 2**40]),
+       st.dictionaries(_names, _numbers), headers, st.booleans())
+def test_the_compiled_parse_gives_what_the_pure_one_gives(
+    code: int, version: int, fields: dict[str, str], h: SendHeader, v2: bool,
+) -> None:
+    """Value for value and error for error: random fields alone, and a well-formed header
+    with some of them laid over it."""
+    for case in (fields, fields_of(h, v2) | fields, fields_of(h, v2)):
+        assert _outcome(COMPILED_PARSE, code, version, case) == _outcome(  # type: ignore[arg-type]
+            PURE_PARSE, code, version, case)
+    # Not a dict: the pure parse reads it (any Mapping).
+    frozen = MappingProxyType(fields_of(h, v2))
+    assert _outcome(COMPILED_PARSE, code, version, frozen) == _outcome(  # type: ignore[arg-type]
+        PURE_PARSE, code, version, frozen)
+
+
+def test_the_compiled_parse_is_the_one_in_use_where_built() -> None:
+    assert parse is (COMPILED_PARSE or PURE_PARSE)

@@ -71,9 +71,12 @@ class AppendRun:
     indexed: list[tuple[tuple[int, ...], int]] = attrs.field(factory=list)
     notify: list[Dispatched] | None = None
 
-    def at(self, mf: MappedFile, room: int) -> None:
-        """Go on appending at the end of ``mf`` (a rare step rolled the segment)."""
-        self.mf, self.mm, self.start, self.pos, self.room = mf, mf.writer, mf.start, mf.wrote, room
+    def at(self, mf: MappedFile) -> None:
+        """Go on appending at the end of ``mf``: where an append starts, or where a rare step
+        left the write segment (rolled, or allocated further)."""
+        self.mf, self.mm, self.start, self.pos = mf, mf.writer, mf.start, mf.wrote
+        # Each record must leave room for the BLANK after it, and that BLANK be allocated.
+        self.room = min(mf.size, mf.allocated) - rec.BLANK_SIZE
 
 
 def append_records(run: AppendRun, i: int) -> int:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from evq.domain.log import AppendedRecords, AppendResult, PutStatus
-from evq.domain.record import offset_msg_ids
+from evq.domain.log import AppendedRecords, AppendResult, AppendSummary, PutStatus
+from evq.domain.record import offset_msg_id, offset_msg_ids
 
 ILLEGAL = (-1, 0, -1)
 """The place of a record the log refused (MESSAGE_ILLEGAL): AppendResult's defaults."""
@@ -57,6 +57,19 @@ class AppendedBatch(AppendedRecords, Sequence[AppendResult]):
 
     def msg_ids(self) -> str:
         return offset_msg_ids(self._host, [p[0] for p in self._places])
+
+    def summary(self) -> AppendSummary:
+        places = self._places
+        if len(places) == 1:  # a single send, nearly always stored: read off its one place
+            physical, size, queue_offset = places[0]
+            if physical >= 0:
+                return (physical, queue_offset, physical + size,
+                        offset_msg_id(self._host, physical), 1, size)
+        if not places:
+            return -1, -1, 0, "", 0, 0
+        first = self._result(places[0])
+        return (first.physical_offset, first.queue_offset, self.end_offset(), self.msg_ids(),
+                len(places), self.size())
 
     def __len__(self) -> int:
         return len(self._places)

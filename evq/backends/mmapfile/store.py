@@ -127,6 +127,12 @@ class MmapMessageLog(StoreShell):
                                    self._allocator, self.kernels.put_entries, self._put_lock)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
+        self._run = AppendRun(
+            records=(), mf=None, mm=None, start=0, pos=0, room=0,  # type: ignore[arg-type]
+            min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record, now=-1, store_fields=b"",
+            cqs=self._cqs, patch_v6=self._patch_store_fields,
+        )
+        """The append loop's state (see :meth:`append`), used under the put lock."""
 
     def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
         """The transient store pool if the config enables it and its rule allows it (see
@@ -452,17 +458,18 @@ class MmapMessageLog(StoreShell):
             if now < self._last_store_ts:
                 now = self._last_store_ts
             self._last_store_ts = now
+            # One run a store, refreshed a call (a run built a call was a sixth of a single
+            # send's append): the write segment and its writer (the mapping, or with a
+            # transient store pool the buffer the commit service writes to the file: readers
+            # never look there, see _queue_end, MappedFile.read_end) as they are now, and
+            # the store fields packed once a millisecond.
+            run = self._run
             mf = self._log.files[-1]
-            # The writer is the mapping, or with a transient store pool the buffer the commit
-            # service writes to the file: readers never look there (see _queue_end,
-            # MappedFile.read_end).
-            run = AppendRun(
-                records=records, mf=mf, mm=mf.writer, start=mf.start, pos=mf.wrote,
-                room=self._room(mf), min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record,
-                now=now, store_fields=_STORE_V4.pack(now, self._host), cqs=self._cqs,
-                patch_v6=self._patch_store_fields,
-                notify=[] if self._subscribers else None,
-            )
+            run.at(mf)
+            if now != run.now:
+                run.now, run.store_fields = now, _STORE_V4.pack(now, self._host)
+            run.records, run.places, run.indexed = records, [], []
+            run.notify = [] if self._subscribers else None
             append_records, count, i, prepared = self.kernels.append_records, len(records), 0, -1
             try:
                 # The loop appends records while they take the fast path; the rare steps
@@ -481,29 +488,27 @@ class MmapMessageLog(StoreShell):
                 # there is room again (see evq.backends.shell).
                 self._found_no_space(exc)
                 run.places += [REFUSED] * (count - len(run.places))
-            if run.indexed:
-                self._put_index(run.indexed, now)
-            mf, pos = run.mf, run.pos
-            self._dispatched = run.start + pos
+            # Out of the run before anything else runs: a dispatch subscriber may append
+            # (the lock is reentrant), and the run then keeps no batch alive.
+            places, indexed, notify, mf, pos, end = (
+                run.places, run.indexed, run.notify, run.mf, run.pos, run.start + run.pos)
+            run.records = ()
+            if indexed:
+                self._put_index(indexed, now)
+            self._dispatched = end
             self._warm_ahead(mf, pos)
-            if run.notify:
+            if notify:
                 if self._committer is not None:  # announced once they are in the file
-                    self._committer.defer(run.start + pos, run.notify)
+                    self._committer.defer(end, notify)
                 else:
-                    self._subscribers.notify(run.notify)
-        return AppendedBatch(run.places, now, self._host)
+                    self._subscribers.notify(notify)
+        return AppendedBatch(places, now, self._host)
 
     def _warm_ahead(self, mf: MappedFile, pos: int) -> None:
         """Have the allocator fault in the pages past ``pos`` of the write segment ``mf``
         whenever the writer crosses into a new chunk (see :meth:`Allocator.warm_ahead`)."""
         if mf.start + pos >= self._warm_at:
             self._warm_at = self._allocator.warm_ahead(mf, pos)
-
-    def _room(self, mf: MappedFile) -> int:
-        """How far records go into ``mf`` before a rare step: each must leave room for the
-        BLANK after it, and that BLANK must be allocated."""
-        fits = mf.size - rec.BLANK_SIZE
-        return min(fits, mf.allocated - rec.BLANK_SIZE)
 
     def _prepare_record(self, run: AppendRun, r: rec.PutRecord) -> int:
         """The rare steps before record ``r`` (where :func:`append_records` stopped): returns
@@ -525,7 +530,7 @@ class MmapMessageLog(StoreShell):
                 self._note_usage()
             # Allocated before a byte of the record is written (or OSError).
             mf.reserve(mf.wrote + n + rec.BLANK_SIZE)
-            run.at(mf, self._room(mf))
+            run.at(mf)
         if not r.sysflag & NO_QUEUE_ENTRY:
             key = (r.topic, r.queue_id)
             cq = self._cqs.get(key) or self._new_cq(*key)

@@ -78,12 +78,11 @@ def put_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> St
         born_timestamp=h.born_timestamp, born_host=born_host, reconsume_times=h.reconsume_times,
         default_topic=h.default_topic, default_topic_queue_nums=h.default_topic_queue_nums,
         max_reconsume_times=h.max_reconsume_times)
-    appended = result.appended
-    first = appended[0] if appended else None
-    if first is None or first.physical_offset < 0:
+    first_physical, queue_offset, end_offset, msg_id, count, size = result.summary()
+    if first_physical < 0:
         return Stored(result.status, result.queue_id, -1, 0, None, 0, 0, wait)
-    return Stored(result.status, result.queue_id, first.queue_offset, result.end_offset,
-                  result.msg_id, len(appended), result.size, wait)
+    return Stored(result.status, result.queue_id, queue_offset, end_offset, msg_id, count, size,
+                  wait)
 
 
 def put_large_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> Stored:
