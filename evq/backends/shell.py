@@ -202,7 +202,11 @@ class StoreShell(MessageLog):
         return self._max_record
 
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        return self._subscribers.subscribe(callback)
+        # Under the put lock: an append decides as it starts whether to report its batch (it
+        # builds reports only for listeners), so one under way when a listener comes would
+        # go unreported to it; it finishes first, and the listener's first read sees it.
+        with self._put_lock:
+            return self._subscribers.subscribe(callback)
 
     # --- disk guard and cleaning ----------------------------------------------------------
 

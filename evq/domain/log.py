@@ -370,7 +370,10 @@ class MessageLog(abc.ABC):
     @abc.abstractmethod
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
         """Call ``callback`` with each dispatched batch (after the ConsumeQueue and index hold
-        it); returns the unsubscribe function."""
+        it); returns the unsubscribe function.  An append under way when this is called
+        finishes before it returns, so a listener that reads after subscribing and then waits
+        for reports misses nothing (with a transient store pool, records become readable and
+        are reported once committed)."""
 
     @abc.abstractmethod
     def flush(self) -> None:

@@ -892,6 +892,26 @@ def test_dispatch_subscribers_see_records_already_readable(open_log: OpenLog) ->
     assert seen == want
 
 
+def test_a_subscriber_comes_in_after_the_append_under_way(open_log: OpenLog) -> None:
+    """An append decides as it starts whether to report its batch: one under way (here: the
+    put lock held, as an append holds it) when a listener subscribes must finish first, or a
+    listener that reads and then waits for reports (the embedded ``subscribe``) would not see
+    its records until some later append woke it."""
+    log = open_log()
+    subscribed = threading.Event()
+
+    def subscribe() -> None:
+        log.subscribe_dispatch(lambda batch: None)
+        subscribed.set()
+
+    with log._put_lock:  # type: ignore[attr-defined]
+        t = threading.Thread(target=subscribe)
+        t.start()
+        assert not subscribed.wait(0.3), "subscribed while an append was under way"
+    assert subscribed.wait(10), "the subscription never came in after the append"
+    t.join(10)
+
+
 def test_a_failing_subscriber_does_not_break_appends(open_log: OpenLog) -> None:
     log = open_log()
     calls: list[int] = []
