@@ -371,9 +371,9 @@ class MessageLog(abc.ABC):
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
         """Call ``callback`` with each dispatched batch (after the ConsumeQueue and index hold
         it); returns the unsubscribe function.  An append under way when this is called
-        finishes before it returns, so a listener that reads after subscribing and then waits
-        for reports misses nothing (with a transient store pool, records become readable and
-        are reported once committed)."""
+        finishes before it returns, and what was appended before is readable once it returns
+        (a store with a transient store pool commits it), so a listener that reads after
+        subscribing and then waits for reports misses nothing."""
 
     @abc.abstractmethod
     def flush(self) -> None:

@@ -102,6 +102,23 @@ def test_appended_records_are_unseen_until_committed(tmp_path: Path) -> None:
         log.close()
 
 
+def test_a_new_subscriber_finds_what_was_appended_before_it_readable(tmp_path: Path) -> None:
+    """Appends made while nobody listened build no reports, and with a pool their records
+    become readable only once committed: subscribing commits them, so a listener that reads
+    after subscribing and then waits for reports (the embedded ``subscribe``) misses none."""
+    log = open_pool(tmp_path)
+    try:
+        append_n(log, 3)
+        assert log.read("T", 0, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
+        reported: list[object] = []
+        log.subscribe_dispatch(reported.extend)
+        got = log.read("T", 0, 0)
+        assert got.status is GetStatus.FOUND and got.queue_offsets == [0, 1, 2]
+        assert reported == []  # appended before the subscription: read, not reported
+    finally:
+        log.close()
+
+
 def test_queue_max_offsets_stop_at_the_committed_end(tmp_path: Path) -> None:
     """queues() (the spark source's and admin's list of queues with their max offsets) gives
     the figures bounds() gives: a max offset a pull can read up to, not the entries written

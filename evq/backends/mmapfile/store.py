@@ -29,7 +29,7 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -53,6 +53,7 @@ from evq.domain import topics as tp
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import (
+    DispatchCallback,
     Dispatched,
     ExpiryReport,
     FlushMode,
@@ -589,6 +590,15 @@ class MmapMessageLog(StoreShell):
             cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
             cp.physic_offset = durable
             cp.save()
+
+    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
+        unsubscribe = super().subscribe_dispatch(callback)
+        if self._committer is not None:
+            # Appends before the subscription built no reports, and with a pool their
+            # records become readable only once committed: commit them now, so the
+            # listener's first read sees them.
+            self._commit()
+        return unsubscribe
 
     # --- reading -------------------------------------------------------------------------
 
