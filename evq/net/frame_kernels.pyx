@@ -31,6 +31,9 @@ cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
     bint PyUnicode_CheckExact(object)
     bint PyDict_CheckExact(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    bint PyUnicode_IS_ASCII(object)
+    const uint8_t* PyUnicode_1BYTE_DATA(object)
 
 cdef enum:
     HEADER_LENGTH_MASK = 0xFFFFFF
@@ -226,11 +229,6 @@ def encode_frame(cmd):
 # toString) and whose batch flag, if any, is spelled as Java spells it.  Anything else (a sign,
 # a long number, an odd spelling, a missing required field, a value that is no str) goes to
 # the pure parse on the same input, which reads it or refuses it there.
-
-cdef extern from "Python.h":
-    Py_ssize_t PyUnicode_GET_LENGTH(object)
-    bint PyUnicode_IS_ASCII(object)
-    const uint8_t* PyUnicode_1BYTE_DATA(object)
 
 cdef object SendHeader = None
 cdef object pure_parse_send_header = None

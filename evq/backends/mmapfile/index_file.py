@@ -243,7 +243,8 @@ class IndexFile:
         ``put_entries``: the loop that writes entries while they need no allocation
         (:func:`put_entries` or its compiled twin); the allocation between is taken here.
         """
-        self.take_head()
+        if self._image is None:
+            self.take_head()
         file, base, max_entries = self.file, self.base, self.max_entries
         count = self.count
         if count == 1:
