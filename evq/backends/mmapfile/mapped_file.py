@@ -361,6 +361,12 @@ class Allocator:
             self._request(warm=(mf.writer, pos, end - pos))
         return mf.start + min(mf.size, chunk * WARM_CHUNK)
 
+    def fault_in(self, mm: mmap.mmap, offset: int, size: int) -> None:
+        """Fault in ``mm[offset:offset + size]`` writable in the background (any mapping: an
+        anonymous one's pages are zeroed there rather than at their writer's first touch).
+        Safe while a writer is using the range: pages already there are left as they are."""
+        self._request(warm=(mm, offset, size))
+
     def prefetch(self, current: MappedFile, *, warm: int = WARM_CHUNK) -> None:
         """Build the segment that will follow ``current``, its first ``warm`` bytes faulted
         in (none for a segment whose writer appends into a transient store pool buffer)."""
