@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -36,6 +35,7 @@ from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, run, split_address
 from tests.ha.group import free_port
 from tests.processes import Running, run_evq, running_evq, wait_registered
+from tests.waiting import wait_for
 
 HOST = "127.0.0.1"
 TOPIC = "Secured"
@@ -71,14 +71,6 @@ class Secured:
 
     def log_of(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text()
-
-
-def wait_for(what: str, cond: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ pool of one still takes any number of segments, and SYNC_FLUSH runs without the 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -18,8 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ from evq.domain import topics as tp
 from evq.domain.broker_config import BrokerConfig
 from evq.domain.log import Dispatched, FlushMode, GetStatus, PutStatus
 from evq.domain.record import put_record
+from tests import waiting
 from tests.backends.test_store import message, sized
 from tests.conftest import SMALL
 from tests.processes import python_env
@@ -41,6 +42,7 @@ from tests.processes import python_env
 SEG = SMALL.commitlog_segment_size
 NEVER_MS = 3_600_000  # a commit interval no test outlives: only flush() and close() commit
 DEADLINE_S = 10.0
+wait_for = functools.partial(waiting.wait_for, within=DEADLINE_S, every=0.005)
 
 
 def open_pool(root: Path, **overrides: object) -> MmapMessageLog:
@@ -72,13 +74,6 @@ def file_bytes(root: Path, phys: int, size: int) -> bytes:
         return os.pread(fd, size, phys - start)
     finally:
         os.close(fd)
-
-
-def wait_for(what: str, cond: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_appended_records_are_unseen_until_committed(tmp_path: Path) -> None:

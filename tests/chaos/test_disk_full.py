@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import functools
 import gc
 import json
 import mmap
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -54,6 +54,7 @@ from evq.net.codes import RequestCode
 from evq.net.transport import RemotingClient
 from tests.net.test_broker_server import call, send_fields
 from tests.processes import running_broker, running_namesrv
+from tests.waiting import wait_for
 
 FS_MIB = 64
 MIB = 1024 * 1024
@@ -105,12 +106,7 @@ def fill(fs: Path, leave: int = 0) -> Path:
     return filler
 
 
-def wait_until(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {WAIT_S} s for {what}")
-        time.sleep(0.02)
+wait_until = functools.partial(wait_for, within=WAIT_S, every=0.02)
 
 
 def put(log: MessageLog, i: int) -> tuple[PutStatus, bytes, int]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import attrs
 import pytest
 
 from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
+from tests.waiting import wait_for
 
 
 @attrs.define
@@ -67,6 +70,86 @@ def reap_stock_clients() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+class Driver:
+    """A stock client driver started by :func:`start_stock`, its JSON lines read as they come
+    (by a thread of its own), so that a test waits for what it expects to see rather than
+    for a fixed time."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = start_stock(*args, env=env)
+        self.lines: list[dict[str, Any]] = []
+        self._err: list[str] = []  # drained as it comes too: a full pipe would stall the driver
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    # Both readers end at the driver's end of stream, or when reap_stock_clients closes the
+    # streams of a driver a failed test left running.
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with contextlib.suppress(ValueError, OSError):
+            for line in self.proc.stdout:
+                if line.startswith("{"):
+                    self.lines.append(json.loads(line))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        with contextlib.suppress(ValueError, OSError):
+            self._err.extend(self.proc.stderr)
+
+    def _join(self, timeout: float) -> None:
+        for reader in self._readers:
+            reader.join(timeout)
+
+    def received(self) -> list[dict[str, Any]]:
+        """The messages a consumer has handed its listener so far, in order."""
+        return [m for m in list(self.lines) if "seq" in m]
+
+    def numbered(self) -> list[dict[str, Any]]:
+        """:meth:`received`, less the warm-up messages of :func:`warm_up`."""
+        return [m for m in self.received() if m["seq"].isdigit()]
+
+    def seqs(self) -> set[int]:
+        return {int(m["seq"]) for m in self.numbered()}
+
+    def warm_queues(self, since: int = 0) -> set[int]:
+        """The queues this consumer took warm-up messages from (its ``since``-th line on)."""
+        return {m["queue"] for m in self.lines[since:]
+                if "seq" in m and m["seq"].startswith(WARM + "-")}
+
+    def stop(self, timeout: float = 60) -> list[dict[str, Any]]:
+        """Ask a consumer to shut down (SIGTERM: it shuts its client down cleanly, as an
+        application would) and return its lines; any other end fails the test."""
+        self.proc.terminate()
+        self.proc.wait(timeout)
+        self._join(timeout)
+        assert self.lines and self.lines[-1] == {"done": True}, (
+            self.proc.returncode, self.lines[-5:], "".join(self._err)[-3000:])
+        return self.lines[:-1]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self._join(10)
+
+
+WARM = "warm"
+"""The seq prefix of :func:`warm_up`'s messages."""
+
+
+def warm_up(namesrv: str, topic: str, ready: Callable[[], bool], what: str) -> None:
+    """Send messages (seq ``warm-N``) to ``topic`` until ``ready`` holds: consumers pull from
+    where the group's offsets stand when they start, so a test sends what it checks only once
+    they are seen consuming (C++ members rebalance on the broker's notice, or 10 s later)."""
+    producer = Driver("produce-forever", namesrv, topic, WARM)
+    try:
+        wait_for(what, ready, within=60, every=0.1)
+    finally:
+        producer.kill()
 
 
 def collect(proc: subprocess.Popen[str], timeout: float = 90) -> list[dict[str, Any]]:

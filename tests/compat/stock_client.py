@@ -9,7 +9,9 @@ load it into the pytest process: they run this module and read one JSON object p
     python -m tests.compat.stock_client produce-forever NAMESRV TOPIC TAG
 
 ``produce-forever`` sends until it is killed, through broker crashes: every answer and every
-failure is one line, so a chaos test can tell exactly what was acknowledged.
+failure is one line, so a chaos test can tell exactly what was acknowledged.  ``consume`` runs
+until SIGTERM (a test stops it once it has seen what it waits for), or at most SECONDS, then
+shuts the consumer down cleanly.
 
 With ``STOCK_ACCESS_KEY`` and ``STOCK_SECRET_KEY`` in the environment, every client signs its
 requests (``set_session_credentials``, channel ALIYUN), as an application on an ACL cluster.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -73,11 +76,12 @@ def text(value: str | bytes | None) -> str | None:
 
 
 def received(msg: RecvMessage) -> dict[str, Any]:
-    seq = text(msg.get_property("seq"))
+    seq = text(msg.get_property("seq")) or ""
+    # A numbered message's body is body_of(seq); a produce-forever one's is its seq.
+    expected = body_of(int(seq)) if seq.isdigit() else seq.encode()
     return {"topic": text(msg.topic), "tags": text(msg.tags), "keys": text(msg.keys),
             "queue": msg.queue_id, "offset": msg.queue_offset,
-            "reconsume": msg.reconsume_times, "seq": seq,
-            "body_ok": msg.body == body_of(int(seq or -1))}
+            "reconsume": msg.reconsume_times, "seq": seq, "body_ok": msg.body == expected}
 
 
 ROUTE_RACE_RETRIES = 5
@@ -116,7 +120,7 @@ def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
             if mode == "sync":
                 r = routed(producer.send_sync, m)
             elif mode == "delay":
-                m.set_delay_time_level(1)  # 1 s with the default levels
+                m.set_delay_time_level(2)  # 5 s with the default levels
                 r = routed(producer.send_sync, m)
             elif mode == "orderly":
                 r = routed(producer.send_orderly, m, i % 2)
@@ -170,7 +174,8 @@ def produce_forever(namesrv: str, topic: str, tag: str) -> None:
 
 def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fail: bool,
             seconds: float) -> None:
-    """A push consumer for ``seconds``, under an instance name of its own (its pid).
+    """A push consumer until SIGTERM or for ``seconds``, under an instance name of its own
+    (its pid).
 
     The library keeps broadcasting offsets in ``~/.rocketmq_offsets/<ip>@<instance
     name>/<group>/offsets.Json``, without the pid its client id carries: under the default
@@ -184,6 +189,8 @@ def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fai
     consumer.set_instance_name(f"stock-{os.getpid()}")
     consumer.set_namesrv_addr(namesrv)
     failed: set[str] = set()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     def on_message(msg: RecvMessage) -> None:
         """Returning consumes the message; raising asks for it again later (the wrapper's
@@ -198,7 +205,11 @@ def consume(namesrv: str, topic: str, group: str, model: str, orderly: bool, fai
     consumer.subscribe(topic, on_message)
     consumer.start()
     emit({"started": True})
-    time.sleep(seconds)
+    # In slices: the signal may land on one of the library's threads, and then only the main
+    # thread's next bytecode runs the handler, not a wait it is blocked in.
+    deadline = time.monotonic() + seconds
+    while not stop.wait(0.2) and time.monotonic() < deadline:
+        pass
     consumer.shutdown()
 
 

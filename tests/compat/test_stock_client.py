@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.compat.conftest import Served, collect, start_stock, stock
+from tests.compat.conftest import Driver, Served, stock, warm_up
+from tests.waiting import wait_for
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "orderly"])
@@ -32,25 +32,36 @@ def test_stock_batch_and_oneway(served: Served) -> None:
     assert sorted(int(m["seq"]) for m in got) == [0, 0, 1, 1, 2, 2, 3, 4]
 
 
-def _consumed(lines: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [m for m in lines if "seq" in m]
+QUEUES = 4  # an auto-created topic's defaultTopicQueueNums
+LIFETIME = "120"  # seconds: a consumer's bound; the tests stop theirs once they have their answer
+
+
+def consumer(served: Served, topic: str, group: str, model: str = "clustering", *,
+             orderly: bool = False, fail: bool = False,
+             env: dict[str, str] | None = None) -> Driver:
+    return Driver("consume", served.namesrv, topic, group, model, "1" if orderly else "0",
+                  "1" if fail else "0", LIFETIME, env=env)
 
 
 def test_clustering_group_splits_queues_and_delivers_each_message_once(served: Served) -> None:
     stock("produce", served.namesrv, "T_cl", "sync", "1")  # creates the topic
-    members = [start_stock("consume", served.namesrv, "T_cl", "G_cl", "clustering", "0", "0",
-                           "25") for _ in range(2)]
-    time.sleep(12)  # both joined and rebalanced (C++ rebalances every 10 s and on notify)
+    members = [consumer(served, "T_cl", "G_cl") for _ in range(2)]
+    warm_up(served.namesrv, "T_cl",
+            lambda: all(m.warm_queues() for m in members)
+            and len(set().union(*(m.warm_queues() for m in members))) == QUEUES,
+            "both members consuming, every queue pulled")
     stock("produce", served.namesrv, "T_cl", "sync", "40")
-    got = [_consumed(collect(p)) for p in members]
-    seqs = sorted(int(m["seq"]) for lines in got for m in lines)  # type: ignore[call-overload]
-    assert sorted(set(seqs)) == list(range(40)), seqs
+    wait_for("the 40 messages", lambda: set(range(40)) <= set().union(
+        *(m.seqs() for m in members)))
+    got = [[m for m in member.stop() if "seq" in m and m["seq"].isdigit()]
+           for member in members]
+    seqs = sorted(int(m["seq"]) for lines in got for m in lines)
     assert all(lines for lines in got), "both members consumed"
-    # Who consumed each queue.  On a loaded machine the second member's rebalance can come
-    # late: the first member then hands some queues over after consuming from them, and what
-    # it had not committed is delivered again (at least once).  So a queue may have had two
-    # consumers, but only one hand-over's worth: at most half the queues, never all, and a
-    # message is never delivered twice to the same member.
+    # Who consumed each queue.  On a loaded machine a member's rebalance can come late: the
+    # other then hands some queues over after consuming from them, and what it had not
+    # committed is delivered again (at least once).  So a queue may have had two consumers,
+    # but only one hand-over's worth: at most half the queues, never all, and a message is
+    # never delivered twice to the same member.
     owners: dict[object, set[int]] = {}
     for member, lines in enumerate(got):
         for m in lines:
@@ -71,55 +82,67 @@ def test_broadcasting_members_each_get_everything(served: Served, tmp_path: Path
     file: sharing one, they raced to create its directory and the loser died of SIGSEGV."""
     stock("produce", served.namesrv, "T_bc", "sync", "1")
     home = tmp_path / "home"
-    members = [start_stock("consume", served.namesrv, "T_bc", "G_bc", "broadcasting", "0",
-                           "0", "15", env={"HOME": str(home)}) for _ in range(2)]
-    time.sleep(6)
+    members = [consumer(served, "T_bc", "G_bc", "broadcasting", env={"HOME": str(home)})
+               for _ in range(2)]
+    warm_up(served.namesrv, "T_bc", lambda: all(len(m.warm_queues()) == QUEUES for m in members),
+            "both members consuming every queue")
     stock("produce", served.namesrv, "T_bc", "sync", "10")
-    for proc in members:
-        seqs = {int(m["seq"]) for m in _consumed(collect(proc))}  # type: ignore[call-overload]
-        assert set(range(10)) <= seqs
+    for i, member in enumerate(members):
+        wait_for(f"member {i} to get the 10 messages", lambda m=member: set(range(10)) <= m.seqs())
+    for member in members:
+        member.stop()
     assert len(list(home.glob(".rocketmq_offsets/*/G_bc/offsets.Json"))) == 2
 
 
 def test_orderly_consumer_keeps_queue_order(served: Served) -> None:
     stock("produce", served.namesrv, "T_or", "orderly", "1")
-    proc = start_stock("consume", served.namesrv, "T_or", "G_or", "clustering", "1", "0", "15")
-    time.sleep(5)
+    member = consumer(served, "T_or", "G_or", orderly=True)
+    warm_up(served.namesrv, "T_or", lambda: len(member.warm_queues()) == QUEUES,
+            "the member consuming (and locking) every queue")
     stock("produce", served.namesrv, "T_or", "orderly", "20")
-    lines = _consumed(collect(proc))
+    wait_for("the 20 messages", lambda: set(range(20)) <= member.seqs())
     per_queue: dict[object, list[int]] = {}
-    for m in lines:
-        per_queue.setdefault(m["queue"], []).append(int(m["offset"]))  # type: ignore[call-overload]
+    for m in member.stop():
+        if "seq" in m:
+            per_queue.setdefault(m["queue"], []).append(int(m["offset"]))
     assert per_queue and all(offs == sorted(offs) for offs in per_queue.values())
-    assert {int(m["seq"]) for m in lines} >= set(range(20))  # type: ignore[call-overload]
 
 
 def test_a_failed_message_comes_back_through_the_retry_topic(served: Served) -> None:
     stock("produce", served.namesrv, "T_rt", "sync", "1")
-    proc = start_stock("consume", served.namesrv, "T_rt", "G_rt", "clustering", "0", "1", "30")
-    lines = collect(proc)
+    member = consumer(served, "T_rt", "G_rt", fail=True)
+    wait_for("message 0 to come back", lambda: any(
+        m["seq"] == "0" and m["reconsume"] == 1 for m in member.received()), within=60)
+    lines = member.stop()
     assert {"failed": "0"} in lines
-    again = [m for m in _consumed(lines) if m["seq"] == "0"]
-    assert again and again[0]["reconsume"] == 1 and again[0]["topic"] == "T_rt", lines
+    again = [m for m in lines if m.get("seq") == "0"]
+    assert again[0]["reconsume"] == 1 and again[0]["topic"] == "T_rt", lines
 
 
 def test_rebalance_gives_a_leaving_members_queues_to_the_rest(served: Served) -> None:
     stock("produce", served.namesrv, "T_rb", "sync", "1")
-    leaving = start_stock("consume", served.namesrv, "T_rb", "G_rb", "clustering", "0", "0",
-                          "12")
-    staying = start_stock("consume", served.namesrv, "T_rb", "G_rb", "clustering", "0", "0",
-                          "40")
-    collect(leaving)  # shut down cleanly: UNREGISTER_CLIENT, then the broker notifies
-    time.sleep(12)  # the remaining member rebalances (on notify, at the latest in 10 s)
+    leaving, staying = consumer(served, "T_rb", "G_rb"), consumer(served, "T_rb", "G_rb")
+    warm_up(served.namesrv, "T_rb",
+            lambda: bool(leaving.warm_queues()) and bool(staying.warm_queues()),
+            "both members consuming")
+    leaving.stop()  # shut down cleanly: UNREGISTER_CLIENT, then the broker notifies
+    since = len(staying.lines)
+    warm_up(served.namesrv, "T_rb", lambda: len(staying.warm_queues(since)) == QUEUES,
+            "the remaining member consuming every queue")
     stock("produce", served.namesrv, "T_rb", "sync", "20")
-    seqs = {int(m["seq"]) for m in _consumed(collect(staying))}  # type: ignore[call-overload]
-    assert set(range(20)) <= seqs
+    wait_for("the 20 messages", lambda: set(range(20)) <= staying.seqs())
+    staying.stop()
 
 
 def test_delay_level_holds_a_message_back(served: Served) -> None:
-    sent = stock("produce", served.namesrv, "T_dl", "delay", "3")
+    sent = stock("produce", served.namesrv, "T_dl", "delay", "3")  # level 2: 5 s
     assert [s["status"] for s in sent] == ["OK"] * 3
     assert stock("pull", served.namesrv, "T_dl", "G_dl") == []
-    time.sleep(2.5)
-    got = stock("pull", served.namesrv, "T_dl", "G_dl")
-    assert sorted(int(m["seq"]) for m in got) == [0, 1, 2]  # type: ignore[call-overload]
+    got: list[dict[str, object]] = []
+
+    def arrived() -> bool:
+        got[:] = stock("pull", served.namesrv, "T_dl", "G_dl")
+        return len(got) >= 3
+
+    wait_for("the delayed messages", arrived, within=60, every=0.5)
+    assert sorted(int(str(m["seq"])) for m in got) == [0, 1, 2]

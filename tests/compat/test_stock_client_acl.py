@@ -4,7 +4,6 @@ the right secret and are refused with a wrong one."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.conftest import Served, reap_stock_clients, start_stock, stock
+from tests.compat.conftest import Driver, Served, reap_stock_clients, stock
 from tests.processes import REPO_ROOT, python_env, running_evq, wait_registered
+from tests.waiting import wait_for
 
 ACCOUNTS = """\
 accounts:
@@ -49,18 +49,10 @@ def acl_served(tmp_path: Path) -> Iterator[Served]:
 def test_stock_producer_and_push_consumer_with_credentials(acl_served: Served) -> None:
     sent = stock("produce", acl_served.namesrv, "T_acl", "sync", "10", env=RIGHT)
     assert [s["status"] for s in sent] == ["OK"] * 10
-    consumer = start_stock("consume", acl_served.namesrv, "T_acl", "G_acl", "clustering", "0",
-                           "0", "40", env=RIGHT)
-    assert consumer.stdout is not None
-    seen: set[str] = set()
-    while len(seen) < 10:  # until every message arrived, or the driver ends (after 40 s)
-        line = consumer.stdout.readline()
-        assert line, f"the consumer ended having seen {sorted(seen)}"
-        got = json.loads(line)
-        if "seq" in got:
-            assert got["body_ok"], got
-            seen.add(got["seq"])
-    assert seen == {str(i) for i in range(10)}
+    consumer = Driver("consume", acl_served.namesrv, "T_acl", "G_acl", "clustering", "0", "0",
+                      "120", env=RIGHT)
+    wait_for("every message", lambda: consumer.seqs() == set(range(10)), within=60)
+    assert all(m["body_ok"] for m in consumer.stop() if "seq" in m)
 
 
 @pytest.mark.parametrize(("env", "why"), [

@@ -10,18 +10,15 @@ that ran all along go on with new messages, and neither loses one."""
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from evq.client.routes import Routes
-from tests.compat.conftest import start_stock, stock
+from tests.compat.conftest import Driver, stock
 from tests.ha.group import broker_group, committed, wait_caught_up
+from tests.waiting import wait_for
 
 TOPIC = "HaStock"
 PER_PHASE = 10
@@ -29,29 +26,6 @@ WAIT_S = 60.0
 CONSUME_S = "120"
 LATE = "G_ha_stock_late"
 QUEUES = 4  # the auto-created topic's defaultTopicQueueNums
-
-
-def lines_of(proc: Any) -> tuple[list[dict[str, Any]], threading.Thread]:
-    """The driver's JSON lines, collected as they come by a reader thread (which ends when
-    the driver does)."""
-    out: list[dict[str, Any]] = []
-
-    def read() -> None:
-        for line in proc.stdout:
-            if line.startswith("{"):
-                out.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    return out, reader
-
-
-def wait_for(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def consumed(lines: list[dict[str, Any]]) -> set[tuple[int, int]]:
@@ -87,47 +61,43 @@ def test_stock_consumer_reads_the_slave_while_the_master_is_down(tmp_path: Path)
         group.start_slave()
         first = stock("produce", group.namesrv, TOPIC, "sync", str(PER_PHASE))
         assert [s["status"] for s in first] == ["OK"] * PER_PHASE
-        before = start_stock("consume", group.namesrv, TOPIC, "G_ha_stock", "clustering", "0",
-                             "0", CONSUME_S)
-        procs = [before]
-        readers = []
+        before = Driver("consume", group.namesrv, TOPIC, "G_ha_stock", "clustering", "0", "0",
+                        CONSUME_S)
+        drivers = [before]
         try:
-            early, reader = lines_of(before)
-            readers.append(reader)
-            wait_for(lambda: len(consumed(early)) >= PER_PHASE, "the first messages")
+            early = before.lines
+            wait_for("the first messages", lambda: len(consumed(early)) >= PER_PHASE,
+                     within=WAIT_S, every=0.1)
             wait_caught_up(group)
             group.kill_master()
             # The name server drops the master as its registration connection closes: what
             # a client is routed to now is the slave alone.
-            wait_for(lambda: [list(ids.items()) for ids in
+            wait_for("a route to the slave alone",
+                     lambda: [list(ids.items()) for ids in
                               asyncio.run(routed_brokers(group.namesrv)).values()]
-                     == [[(1, group.slave_addr)]], "a route to the slave alone")
+                     == [[(1, group.slave_addr)]], within=WAIT_S, every=0.1)
             # A group that never met the master: with the master still down, the only broker
             # it can have read the first phase from is the slave.
-            late_proc = start_stock("consume", group.namesrv, TOPIC, LATE, "clustering", "0",
-                                    "0", CONSUME_S)
-            procs.append(late_proc)
-            late, reader = lines_of(late_proc)
-            readers.append(reader)
-            wait_for(lambda: len(consumed(late)) >= PER_PHASE,
-                     "the late group's messages from the slave")
+            late_driver = Driver("consume", group.namesrv, TOPIC, LATE, "clustering", "0", "0",
+                                 CONSUME_S)
+            drivers.append(late_driver)
+            late = late_driver.lines
+            wait_for("the late group's messages from the slave",
+                     lambda: len(consumed(late)) >= PER_PHASE, within=WAIT_S, every=0.1)
             assert_nothing_lost(late, PER_PHASE)
             per_queue = [sum(1 for q, _ in consumed(late) if q == i) for i in range(QUEUES)]
-            wait_for(lambda: asyncio.run(committed(group.slave_addr, LATE, TOPIC, QUEUES))
-                     == per_queue, "the late group's offset commits on the slave")
+            wait_for("the late group's offset commits on the slave",
+                     lambda: asyncio.run(committed(group.slave_addr, LATE, TOPIC, QUEUES))
+                     == per_queue, within=WAIT_S, every=0.1)
             assert group.master is not None and not group.master.alive()
             group.start_master("ASYNC_MASTER")
             second = stock("produce", group.namesrv, TOPIC, "sync", str(PER_PHASE))
             assert [s["status"] for s in second] == ["OK"] * PER_PHASE
             for lines, who in ((early, "the first group"), (late, "the late group")):
-                wait_for(lambda lines=lines: len(consumed(lines)) >= 2 * PER_PHASE,
-                         f"{who}'s messages after the master's return")
+                wait_for(f"{who}'s messages after the master's return",
+                         lambda lines=lines: len(consumed(lines)) >= 2 * PER_PHASE,
+                         within=WAIT_S, every=0.1)
                 assert_nothing_lost(lines, 2 * PER_PHASE)
         finally:
-            for proc in procs:
-                proc.kill()
-                proc.wait(10)
-            for reader in readers:
-                reader.join(10)
-            for proc in procs:
-                proc.stdout.close()  # type: ignore[union-attr]
+            for driver in drivers:
+                driver.kill()

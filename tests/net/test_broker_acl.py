@@ -5,7 +5,6 @@ against a real broker process; a replayed request and an edited account file too
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from evq.net.protocol import RemotingCommand
 from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, run, split_address
 from tests.processes import Running, run_evq, running_evq
+from tests.waiting import wait_for
 
 TIMEOUT = 10.0
 ADMIN = Credentials("operator1", "operator-secret")
@@ -250,15 +250,6 @@ def test_a_request_replayed_with_another_access_key_is_refused(acl_broker: AclBr
     assert original.code == ResponseCode.SUCCESS, original.remark
 
 
-def wait_for(condition: object, what: str, timeout: float = 15.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_an_edited_account_file_applies_and_a_bad_one_keeps_the_accounts(
         acl_broker: AclBroker) -> None:
     def may_pull_closed() -> bool:
@@ -270,15 +261,16 @@ def test_an_edited_account_file_applies_and_a_bad_one_keeps_the_accounts(
     try:
         acl_broker.acl_file.write_text(original.replace("[open=PUB|SUB]",
                                                         "[open=PUB|SUB, closed=SUB]"))
-        wait_for(may_pull_closed, "the broker to apply the edited account file")
+        wait_for("the broker to apply the edited account file", may_pull_closed, within=15)
         acl_broker.acl_file.write_text(original.replace("secretKey: appuser-secret",
                                                         "secretKey: short"))
-        wait_for(lambda: "acl_file_invalid_keeping_accounts" in acl_broker.log.read_text(),
-                 "the broker to log the bad account file")
+        wait_for("the broker to log the bad account file",
+                 lambda: "acl_file_invalid_keeping_accounts" in acl_broker.log.read_text(),
+                 within=15)
         assert may_pull_closed(), "a bad file must leave the accounts in force"
         # The next good edit applies.
         acl_broker.acl_file.write_text(original)
-        wait_for(lambda: not may_pull_closed(), "the broker to apply the restored file")
+        wait_for("the broker to apply the restored file", lambda: not may_pull_closed(), within=15)
     finally:
         acl_broker.acl_file.write_text(original)
 

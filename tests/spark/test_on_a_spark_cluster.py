@@ -10,6 +10,7 @@ The tests run in file order; the last one kills a worker.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -22,6 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from tests import waiting
 from tests.cluster import Cluster
 from tests.processes import running_evq, wait_registered
 from tests.spark.conftest import spark_session
@@ -33,15 +35,8 @@ pytestmark = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="a Spark standalone cluster needs Java 17 on PATH")
 
 WAIT_S = 120.0
+wait_for = functools.partial(waiting.wait_for, within=WAIT_S, every=0.1)
 """Deadline of each wait below; on two shared cores a micro-batch takes a few seconds."""
-
-
-def wait_for(what: str, ready: Callable[[], bool], within: float = WAIT_S) -> None:
-    deadline = time.monotonic() + within
-    while not ready():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {within:.0f} s for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
