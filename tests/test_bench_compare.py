@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PHASES = ("sync_produce", "sync_consume", "batch_produce", "batch_consume")
-FIGURES = ("msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg")
+FIGURES = ("msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg", "p50_us", "p99_us")
 
 
 def _compare(*args: str) -> dict[str, object]:
@@ -39,6 +39,7 @@ def _check_system(figures: dict[str, object], sync: int, batch: int) -> None:
             assert isinstance(value, int | float) and not isinstance(value, bool), (phase, key)
             assert math.isfinite(value) and value >= 0, (phase, key, value)
         assert phase_figures["msgs_per_s"] > 0 and phase_figures["client_cpu_us_per_msg"] > 0
+        assert 0 < phase_figures["p50_us"] <= phase_figures["p99_us"], phase
 
 
 def test_bench_compare_evq_alone_says_why_redis_is_missing(tmp_path: Path) -> None:
@@ -74,3 +75,34 @@ def test_bench_compare_beside_redis_computes_the_ratios(tmp_path: Path) -> None:
         assert client == pytest.approx(systems["evq"][phase]["client_cpu_us_per_msg"]
                                        / systems["redis"][phase]["client_cpu_us_per_msg"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_workers_step_times_give_the_median_and_99th_percentile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 1..100 us in a shuffled order: the median is the 51st shortest (nearest rank
+    above the middle of an even count), the 99th percentile the 100th."""
+    from evq.bench import compare_workers
+
+    durations = [k * 1e-6 for k in (*range(100, 50, -1), *range(1, 51))]
+    ticks = [0.0]
+    for d in durations:
+        ticks.append(ticks[-1] + d)
+    clock = iter([0.0, 0.0, *ticks[1:], ticks[-1]])  # __init__, start, each step, outcome
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter() -> float:
+            return next(clock)
+
+        @staticmethod
+        def process_time() -> float:
+            return 0.0
+
+    monkeypatch.setattr(compare_workers, "time", FakeTime)
+    timer = compare_workers.Timer(60.0)
+    timer.start()
+    for _ in durations:
+        timer.step()
+    outcome = timer.outcome(100)
+    assert outcome.p50_us == pytest.approx(51) and outcome.p99_us == pytest.approx(100)
+    assert outcome.seconds == pytest.approx(sum(durations))

@@ -60,7 +60,8 @@ HOST: Final = "127.0.0.1"
 MODES: Final = ("sync", "batch")
 ROLES: Final = ("produce", "consume")
 PHASES: Final = tuple(f"{mode}_{role}" for mode in MODES for role in ROLES)
-FIGURES: Final = ("msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg")
+FIGURES: Final = ("msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg", "p50_us",
+                   "p99_us")
 START_TIMEOUT_S: Final = 60.0
 ROUTE_POLL_S: Final = 0.05
 SETTLE_MAX_S: Final = 30.0
@@ -107,6 +108,10 @@ class PhaseFigures:
     msgs_per_s: float
     server_cpu_us_per_msg: float | None
     client_cpu_us_per_msg: float
+    p50_us: float
+    """The median step of the worker's loop (a request of one message or a batch, see
+    :mod:`evq.bench.compare_workers`), in microseconds."""
+    p99_us: float
 
 
 @attrs.frozen(kw_only=True)
@@ -125,7 +130,7 @@ class CompareResult:
 
     def ratios(self) -> dict[str, dict[str, float | None]] | None:
         """evq's figure over Redis's, per phase and figure: above 1 is better for a rate,
-        below 1 for CPU per message.  None when Redis did not run."""
+        below 1 for CPU per message and for a step's time.  None when Redis did not run."""
         if "redis" not in self.systems:
             return None
         ours, theirs = self.systems["evq"].phases, self.systems["redis"].phases
@@ -216,7 +221,8 @@ async def _phase(server: Server, opts: CompareOptions, system: str, role: str, m
     return PhaseFigures(
         messages=outcome.done, msgs_per_s=outcome.done / outcome.seconds,
         server_cpu_us_per_msg=None if server_cpu is None else server_cpu * 1e6 / outcome.done,
-        client_cpu_us_per_msg=outcome.cpu_seconds * 1e6 / outcome.done)
+        client_cpu_us_per_msg=outcome.cpu_seconds * 1e6 / outcome.done,
+        p50_us=outcome.p50_us, p99_us=outcome.p99_us)
 
 
 async def _run_worker(job: Job) -> Outcome:
@@ -246,10 +252,12 @@ def _median(figures: list[PhaseFigures]) -> PhaseFigures:
 
     rate = med(f.msgs_per_s for f in figures)
     client = med(f.client_cpu_us_per_msg for f in figures)
-    assert rate is not None and client is not None  # every run has both
+    p50, p99 = med(f.p50_us for f in figures), med(f.p99_us for f in figures)
+    assert rate is not None and client is not None  # every run has these
+    assert p50 is not None and p99 is not None
     return PhaseFigures(messages=min(f.messages for f in figures), msgs_per_s=rate,
                         server_cpu_us_per_msg=med(f.server_cpu_us_per_msg for f in figures),
-                        client_cpu_us_per_msg=client)
+                        client_cpu_us_per_msg=client, p50_us=p50, p99_us=p99)
 
 
 # -- the servers --------------------------------------------------------------------------------
@@ -399,7 +407,9 @@ def format_report(result: CompareResult) -> str:
     rows = [head]
     for figure, label, fmt in (("msgs_per_s", "msgs/s", "{:,.0f}"),
                                ("server_cpu_us_per_msg", "server CPU us/msg", "{:,.1f}"),
-                               ("client_cpu_us_per_msg", "client CPU us/msg", "{:,.1f}")):
+                               ("client_cpu_us_per_msg", "client CPU us/msg", "{:,.1f}"),
+                               ("p50_us", "p50 us/request", "{:,.0f}"),
+                               ("p99_us", "p99 us/request", "{:,.0f}")):
         for phase in PHASES:
             cells = [f"{phase.replace('_', ' ')} {label}"]
             for name in names:
@@ -417,7 +427,8 @@ def format_report(result: CompareResult) -> str:
               for row in rows]
     lines += [f"{name}: {s.version}" for name, s in result.systems.items()]
     if ratios:
-        lines.append("evq/redis: above 1 is better for msgs/s, below 1 for CPU per message")
+        lines.append("evq/redis: above 1 is better for msgs/s, below 1 for CPU per message "
+                     "and time per request")
     if result.redis_note:
         lines.append(f"redis: {result.redis_note}")
     return "\n".join(lines)

@@ -12,6 +12,10 @@ and looking routes up happen before it.
 * **consume**: reads and acknowledges all ``n`` (evq: ``poll`` of 1 or ``batch`` and the
   offset commit; Redis: XREADGROUP of 1 or ``batch`` and one XACK of their ids) and checks the
   count and the sum of the sequence numbers.
+
+Each worker also times every step of its loop (a send of one or a batch; a read of one or a
+batch, with Redis's XACK of it) and reports the median and the 99th percentile: a rate is one
+over the mean step, and the percentiles tell a slower typical step from a heavier tail.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import json
 import os
 import time
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -53,6 +58,9 @@ class Outcome:
     done: int
     seconds: float
     cpu_seconds: float
+    p50_us: float
+    """The median step (see the module docstring) in microseconds."""
+    p99_us: float
     ok: bool = True
     detail: str = ""
 
@@ -104,16 +112,23 @@ class Checker:
 
 
 class Timer:
-    """Wall and CPU time from :meth:`start` on."""
+    """Wall and CPU time from :meth:`start` on, and the wall time of each step between
+    :meth:`step` calls (the first step from :meth:`start`)."""
 
     def __init__(self, max_seconds: float) -> None:
         self.max_seconds = max_seconds
-        self._wall = time.perf_counter()
+        self._wall = self._last = time.perf_counter()
         self._cpu = time.process_time()
+        self._steps = array("d")
 
     def start(self) -> None:
-        self._wall = time.perf_counter()
+        self._wall = self._last = time.perf_counter()
         self._cpu = time.process_time()
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        self._steps.append(now - self._last)
+        self._last = now
 
     def expired(self) -> bool:
         return time.perf_counter() - self._wall > self.max_seconds
@@ -121,10 +136,12 @@ class Timer:
     def outcome(self, done: int, checker: Checker | None = None, n: int = 0) -> Outcome:
         seconds = time.perf_counter() - self._wall
         cpu = time.process_time() - self._cpu
+        steps = sorted(self._steps) or [0.0]
+        p50, p99 = (steps[min(len(steps) - 1, len(steps) * q // 100)] * 1e6 for q in (50, 99))
         if checker is None:
-            return Outcome(done=done, seconds=seconds, cpu_seconds=cpu)
-        return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, ok=checker.ok(n),
-                       detail=checker.detail(n))
+            return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, p50_us=p50, p99_us=p99)
+        return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, p50_us=p50, p99_us=p99,
+                       ok=checker.ok(n), detail=checker.detail(n))
 
 
 def chunks(bodies: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
@@ -153,12 +170,14 @@ async def evq_produce(job: Job) -> Outcome:
         if job.mode == "sync":
             for body in payloads(job.n):
                 await producer.send(new_message(TOPIC, body))
+                timer.step()
                 done += 1
                 if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
                     break
         else:
             for chunk in chunks(payloads(job.n), job.batch):
                 await producer.send_batch([new_message(TOPIC, body) for body in chunk])
+                timer.step()
                 done += len(chunk)
                 if timer.expired():
                     break
@@ -181,6 +200,7 @@ async def evq_consume(job: Job) -> Outcome:
             for queue in queues:
                 for msg in (await consumer.poll(queue, max_nums)).messages:
                     checker.add(msg.payload())
+                timer.step()
         await consumer.commit()  # the acknowledgement: the group's position, stored
         return timer.outcome(checker.count, checker, job.n)
 
@@ -205,6 +225,7 @@ def redis_produce(job: Job) -> Outcome:
     if job.mode == "sync":
         for body in payloads(job.n):
             client.xadd(TOPIC, {REDIS_FIELD: body})
+            timer.step()
             done += 1
             if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
                 break
@@ -214,6 +235,7 @@ def redis_produce(job: Job) -> Outcome:
             for body in chunk:
                 pipe.xadd(TOPIC, {REDIS_FIELD: body})
             pipe.execute()
+            timer.step()
             done += len(chunk)
             if timer.expired():
                 break
@@ -230,11 +252,13 @@ def redis_consume(job: Job) -> Outcome:
         answer = client.xreadgroup(REDIS_GROUP, REDIS_CONSUMER, {TOPIC: ">"}, count=count,
                                    block=REDIS_BLOCK_MS)
         if not answer:
+            timer.step()  # a read that found nothing is a step too, as evq's empty poll is
             continue
         entries = answer[0][1]
         for _, fields in entries:
             checker.add(fields[REDIS_FIELD])
         client.xack(TOPIC, REDIS_GROUP, *(entry_id for entry_id, _ in entries))
+        timer.step()
     outcome = timer.outcome(checker.count, checker, job.n)
     pending = int(client.xpending(TOPIC, REDIS_GROUP)["pending"])
     if pending:
