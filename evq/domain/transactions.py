@@ -59,6 +59,10 @@ class TransactionService:
         self._op_scanned = max(
             0, broker.query_offset(tp.TRANS_CHECK_GROUP, tp.TRANS_OP_HALF_TOPIC, 0))
         self._next_check_ms = broker.clock.now_ms() + broker.config.transaction_check_interval_ms
+        self.check_passes = 0
+        """Checker passes finished since start (runtime info ``evqTransactionCheckPasses``): a
+        count of rounds, so that whoever waits for "a few passes, and nothing checked" waits
+        for passes rather than for a time that may hold fewer on a busy machine."""
         broker.add_tick_hook(self.run)
 
     # --- END_TRANSACTION ------------------------------------------------------------------
@@ -188,6 +192,7 @@ class TransactionService:
                 offset = qo + 1
         b.commit_offset(tp.TRANS_CHECK_GROUP, tp.TRANS_HALF_TOPIC, 0, offset)
         self._retire_ops(offset)
+        self.check_passes += 1
         return CheckReport(checked, discarded, int(waiting))
 
     def _check_one(self, half: Message, now: int) -> str:

@@ -5,6 +5,7 @@ commit and END_TRANSACTION whose successor answers the check from the database."
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -23,6 +24,9 @@ from evq.client.sqltx import SqlTransactions, decide
 from evq.client.transactions import TransactionProducer, TransactionState
 from evq.domain.clock import ManualClock
 from evq.domain.message import Message, Prop, new_message
+from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import RemotingClient, split_address
 from tests.client.conftest import Served
 from tests.client.tx_tables import orders, record_order
 from tests.processes import REPO_ROOT, python_env, running_broker, running_namesrv
@@ -68,6 +72,23 @@ async def bodies(namesrv: str, topic: str) -> list[bytes]:
         return [m.payload() for q in queues for m in (await c.pull(q, 0, 64)).messages]
 
 
+async def check_passes(broker: str) -> int:
+    """The broker's transaction checker passes so far (``evqTransactionCheckPasses``)."""
+    async with RemotingClient(*split_address(broker)) as client:
+        answer = await client.invoke(
+            RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, {}), 5.0)
+    return int(json.loads(answer.body)["table"]["evqTransactionCheckPasses"])
+
+
+async def after_passes(broker: str, n: int) -> None:
+    """Return once the checker has run ``n`` whole passes begun after the call: what a test
+    that says "and nothing more happens" waits for, however slow the machine."""
+    start = await check_passes(broker)
+    async with asyncio.timeout(20):
+        while await check_passes(broker) < start + n + 1:  # the first may be under way
+            await asyncio.sleep(0.1)
+
+
 async def until_delivered(namesrv: str, topic: str, body: bytes, timeout: float = 20
                           ) -> list[bytes]:
     async with asyncio.timeout(timeout):
@@ -84,7 +105,7 @@ async def test_commit_is_delivered_and_rollback_never(tx_cluster: Served) -> Non
         assert (no.state, yes.state) == (TransactionState.ROLLBACK, TransactionState.COMMIT)
         assert len(yes.transaction_id) == 32
         await until_delivered(tx_cluster.namesrv, "TX1", b"yes")
-        await asyncio.sleep(2)  # two check-back rounds: an ended half is never checked
+        await after_passes(tx_cluster.broker, 2)  # an ended half is never checked
         assert await bodies(tx_cluster.namesrv, "TX1") == [b"yes"]
         assert listener.checked == []
 
@@ -113,7 +134,7 @@ async def test_unknown_is_decided_by_the_check_back(tx_cluster: Served) -> None:
         async with asyncio.timeout(20):
             while b"never" not in listener.checked:
                 await asyncio.sleep(0.1)
-        await asyncio.sleep(1)
+        await after_passes(tx_cluster.broker, 2)  # the rollback is in: no pass delivers it
         assert await bodies(tx_cluster.namesrv, "TX2") == [b"later"]
 
 
@@ -178,7 +199,7 @@ async def test_a_producer_killed_after_its_commit_is_answered_for_by_the_group(
     async with TransactionProducer("PTX5", tx_cluster.namesrv,
                                    successor.listener(record_order)):
         got = await until_delivered(tx_cluster.namesrv, "TX5", b"order-7")
-        await asyncio.sleep(1.5)  # further check rounds must not deliver it again
+        await after_passes(tx_cluster.broker, 2)  # further passes must not deliver it again
         got = await bodies(tx_cluster.namesrv, "TX5")
     assert got == [b"order-7"]
     with engine.connect() as conn:

@@ -184,6 +184,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "evqBackend": type(log).__name__,
             # The event loop's longest stall since the broker started (evq.net.loop_lag).
             "evqLoopStallMaxMs": round(ctx.loop_lag.max_stall * 1000, 3),
+            "evqTransactionCheckPasses": ctx.engine.transactions.check_passes,
             "commitLogDirCapacity": capacity(disk.path),
             **ctx.stats.runtime_fields(core.clock.now_ms()),
         }
