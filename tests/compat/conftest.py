@@ -74,7 +74,7 @@ def reap_stock_clients() -> None:
 
 class Driver:
     """A stock client driver started by :func:`start_stock`, its JSON lines read as they come
-    (by a thread of its own), so that a test waits for what it expects to see rather than
+    (by threads of its own), so that a test waits for what it expects to see rather than
     for a fixed time."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
