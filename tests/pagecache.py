@@ -1,4 +1,5 @@
-"""Which of a file's pages the kernel holds dirty: written, not yet on disk.
+"""Which of a file's pages the kernel holds dirty: written, not yet on disk; and which pages
+of a mapping are in memory at all.
 
 A power cut loses exactly those, and no kill test can see them (the page cache survives the
 process), so a test of "on disk when it returns" asks the kernel directly: it maps the file,
@@ -47,3 +48,18 @@ def dirty_pages(path: Path, start: int, end: int) -> int:
                 (flags,) = _ENTRY.unpack(kpf.read(8))
                 dirty += bool(flags & _KPF_DIRTY)
         return dirty
+
+
+def present_pages(view: memoryview) -> int:
+    """How many pages under ``view`` (a writable view of a mapping) are in memory:
+    ``/proc/self/pagemap``'s present bit, which needs no privilege."""
+    anchor = ctypes.c_char.from_buffer(view)
+    try:
+        start = ctypes.addressof(anchor)
+    finally:
+        del anchor
+    first, last = start // mmap.PAGESIZE, (start + view.nbytes - 1) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        raw = pagemap.read((last - first + 1) * 8)
+    return sum(entry >> 63 for (entry,) in _ENTRY.iter_unpack(raw))

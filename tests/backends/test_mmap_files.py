@@ -3,11 +3,9 @@ warm-ahead chunks, the IndexFile's slots and chains, and the flusher's two threa
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import resource
-import struct
 import threading
 import time
 from pathlib import Path
@@ -45,7 +43,7 @@ from evq.domain.hashing import index_key_hash
 from evq.domain.log import AppendedRecords, AppendResult, FlushMode, PutStatus
 from evq.domain.message import new_message
 from evq.domain.record import put_record
-from tests.pagecache import dirty_pages
+from tests.pagecache import dirty_pages, present_pages
 
 
 def test_the_append_paths_one_bit_test_is_not_consumable() -> None:
@@ -425,7 +423,7 @@ def test_a_new_index_files_slots_are_faulted_in_off_the_put_path(tmp_path: Path)
             pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
         pages = -(-head.nbytes // mmap.PAGESIZE)
         deadline = time.monotonic() + 30
-        while (present := _present_pages(head)) < pages - 1:  # waits on the allocator
+        while (present := present_pages(head)) < pages - 1:  # waits on the allocator
             assert time.monotonic() < deadline, f"head faulted in: {present} of {pages} pages"
             time.sleep(0.01)
         items = [(_hashes(f"key-{i}"), 100 + i) for i in range(3000)]
@@ -439,21 +437,6 @@ def test_a_new_index_files_slots_are_faulted_in_off_the_put_path(tmp_path: Path)
     finally:
         allocator.close()
         service.close()
-
-
-def _present_pages(view: memoryview) -> int:
-    """How many pages under ``view`` are in memory (``/proc/self/pagemap``'s present bit,
-    readable without privileges)."""
-    anchor = ctypes.c_char.from_buffer(view)
-    try:
-        start = ctypes.addressof(anchor)
-    finally:
-        del anchor
-    first, last = start // mmap.PAGESIZE, (start + view.nbytes - 1) // mmap.PAGESIZE
-    with open("/proc/self/pagemap", "rb") as pagemap:
-        pagemap.seek(first * 8)
-        raw = pagemap.read((last - first + 1) * 8)
-    return sum(entry >> 63 for (entry,) in struct.iter_unpack("<Q", raw))
 
 
 def _built(allocator: Allocator, directory: Path, after: Path | None = None) -> Path:

@@ -117,7 +117,7 @@ def put_entries(
                 used += 1
             pack_entry(mm, base + count * ENTRY_SIZE, h, phys, diff, head)
             slot[s] = count
-            dirty[(HEADER_SIZE + SLOT_SIZE * s) // HEAD_CHUNK] = 1
+            dirty[head_chunk(s)] = 1
             count += 1
         done += 1
     return done, count, used
