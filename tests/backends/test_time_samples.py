@@ -63,28 +63,48 @@ def test_answers_what_a_binary_search_answers_through_growth_expiry_and_cuts(
         assert all(first <= qo < first + len(times) for qo in probes)
 
 
+def search_bound(entries: int) -> int:
+    """The most records :func:`~evq.backends.rules.first_at_or_after` reads over ``entries``
+    (tests/backends/test_time_search.py holds it to this)."""
+    return 2 * math.ceil(math.log2(entries + 1)) + 3
+
+
 @given(st.integers(1, 20), st.data())
-def test_a_lookup_reads_the_same_few_records_at_any_length(
+def test_a_lookup_reads_a_few_records_at_any_length_the_first_one_too(
     per_ms: int, data: st.DataObject
 ) -> None:
     """A queue written at a steady ``per_ms`` records a millisecond with a pause now and
-    then: at 10^5 and 10^6 entries a lookup after the first reads as many records as a search
-    within one stride needs, bounded by how many share a millisecond and not by the length (a
-    binary search over 10^6 reads 20)."""
+    then.  Every lookup, the first included, reads at most a search among the samples, the two
+    samples bracketing the answer and a search within one stride: logarithmic in the length
+    (15 samples at 10^7 entries), where reading every sample on the first lookup took 39,063
+    reads at 10^7."""
     t0 = 1_700_000_000_000
 
     def timeline(qo: int) -> int:
         return t0 + qo // per_ms + 5_000 * (qo // 1_000_003)
 
-    for length in (10**5, 10**6):
+    for length in (10**5, 10**6, 10**7):
         samples = TimeSamples()
         store_time, probes = counted(timeline)
-        samples.first_at_or_after(0, length, t0, store_time)
-        assert len(probes) <= length // STRIDE + 8  # the samples, read once
+        bound = search_bound(length // STRIDE + 1) + 2 + search_bound(STRIDE) + 1
         for _ in range(5):
             target = data.draw(st.integers(t0 - 10, timeline(length - 1) + 10))
             probes.clear()
             got = samples.first_at_or_after(0, length, target, store_time)
             assert timeline(got - 1) < target if got > 0 else True
             assert got == length or timeline(got) >= target
-            assert len(probes) <= 2 * math.ceil(math.log2(per_ms + 1)) + 1
+            assert len(probes) <= bound
+
+
+def test_samples_once_read_are_not_read_again() -> None:
+    """The same lookup twice: the second reads no sample (no offset on a stride), only the
+    stride it lands in."""
+    t0 = 1_700_000_000_000
+    store_time, probes = counted(lambda qo: t0 + qo)
+    samples = TimeSamples()
+    target = t0 + 123_456
+    assert samples.first_at_or_after(0, 10**6, target, store_time) == 123_456
+    probes.clear()
+    assert samples.first_at_or_after(0, 10**6, target, store_time) == 123_456
+    assert probes and not [qo for qo in probes if qo % STRIDE == 0]
+    assert len(probes) <= search_bound(STRIDE)
