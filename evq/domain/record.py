@@ -232,6 +232,32 @@ def read_fields(buf: bytes | bytearray | memoryview, pos: int, *, check_crc: boo
     return Fields(size, qid, qoff, phys, flags, store_ts, topic, props, ok)
 
 
+def valid_run(buf: bytes | bytearray | memoryview, pos: int, end: int, phys: int, stop: int, *,
+              check_crc: bool, ceiling: int) -> tuple[int, int]:
+    """How far whole, valid records run in ``buf[pos:end]``, the first at log offset ``phys``:
+    the log offset of the first one that is not (or of the first at or past ``stop``), and the
+    latest store time among them not after ``ceiling`` (-1 if none).
+
+    Valid is what recovery calls valid: :func:`read_fields` parses it (a BLANK record ends the
+    run), its body CRC matches (``check_crc``) and its PHYSICALOFFSET is its place in the log
+    (a torn write never got its offsets patched).  Recovery skims a log's tail with this and
+    looks at the record it stops on itself."""
+    latest = -1
+    view = memoryview(buf)[:end]
+    while phys < stop:
+        try:
+            f = PURE.read_fields(view, pos, check_crc=check_crc)
+        except RecordError:
+            break
+        if not f.crc_ok or f.physical_offset != phys:
+            break
+        if latest < f.store_timestamp <= ceiling:
+            latest = f.store_timestamp
+        pos += f.size
+        phys += f.size
+    return phys, latest
+
+
 _AFTER_HOSTS = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH
 
 
@@ -491,10 +517,11 @@ class Codec:
     read_fields: Callable[..., Fields]
     encode_batch: Callable[[Iterable[Message]], bytes]
     offset_msg_ids: Callable[[bytes, Iterable[int]], str]
+    valid_run: Callable[..., tuple[int, int]]
 
 
 PURE = Codec(decode, iter_records, decode_records, split_batch, pack_v4, read_fields,
-             encode_batch, offset_msg_ids)
+             encode_batch, offset_msg_ids, valid_run)
 PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
 """Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
 
@@ -519,14 +546,15 @@ KERNELS = _compiled_kernels()
 from there."""
 COMPILED = None if KERNELS is None else Codec(
     KERNELS.decode, KERNELS.iter_records, KERNELS.decode_records, KERNELS.split_batch,
-    KERNELS.pack_v4, KERNELS.read_fields, KERNELS.encode_batch, KERNELS.offset_msg_ids)
+    KERNELS.pack_v4, KERNELS.read_fields, KERNELS.encode_batch, KERNELS.offset_msg_ids,
+    KERNELS.valid_run)
 """The compiled codec, or None where it is not built or not wanted."""
 CODEC = COMPILED or PURE
 """The codec this process runs; the module's names below are its functions."""
 (decode, iter_records, decode_records, split_batch, pack_v4, read_fields, encode_batch,
- offset_msg_ids) = (
+ offset_msg_ids, valid_run) = (
     CODEC.decode, CODEC.iter_records, CODEC.decode_records, CODEC.split_batch, CODEC.pack_v4,
-    CODEC.read_fields, CODEC.encode_batch, CODEC.offset_msg_ids)
+    CODEC.read_fields, CODEC.encode_batch, CODEC.offset_msg_ids, CODEC.valid_run)
 
 
 def decode_batch(body: bytes | memoryview) -> list[BatchEntry]:
@@ -557,4 +585,5 @@ __all__ = [
     "put_record_of",
     "read_fields",
     "split_batch",
+    "valid_run",
 ]

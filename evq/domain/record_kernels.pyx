@@ -332,6 +332,40 @@ def read_fields(buf, Py_ssize_t pos, *, bint check_crc):
     return f
 
 
+def valid_run(buf, Py_ssize_t pos, Py_ssize_t end, int64_t phys, int64_t stop, *,
+              bint check_crc, int64_t ceiling):
+    """evq.domain.record.valid_run, compiled: no object per record but its two texts, which
+    are decoded only to be checked."""
+    cdef Reader reader = Reader(buf)
+    cdef const uint8_t* b = reader.b.data
+    cdef Layout at
+    cdef int64_t latest = -1, ts
+    if end > reader.b.size:
+        end = reader.b.size
+    while phys < stop:
+        try:
+            scan(b, end, pos, &at)
+        except RecordError:
+            break
+        if get64(b + pos + 28) != phys:
+            break
+        try:
+            recalled(b + at.topic_at, at.tlen, 0)
+            utf8(b + at.props_at, at.plen)
+        except UnicodeDecodeError:
+            break
+        # The view is over memory the reader holds exported until this call returns.
+        if check_crc and (crc32(PyMemoryView_FromMemory(
+                <char*>b + at.body_at, at.blen, PyBUF_READ)) & 0x7FFFFFFF) != get32(b + pos + 8):
+            break
+        ts = get64(b + at.store_at - 8)
+        if latest < ts <= ceiling:
+            latest = ts
+        pos += at.size
+        phys += at.size
+    return phys, latest
+
+
 def decode(buf, Py_ssize_t pos=0, *, bint check_crc=True):
     """evq.domain.record.decode, compiled."""
     cdef Reader reader = Reader(buf)

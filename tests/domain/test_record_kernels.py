@@ -199,6 +199,53 @@ def test_iter_records_matches(ms: list[Message], tail: bytes,
             assert outcome(COMPILED.decode_records, case) == ("raised", error)
 
 
+def placed_log(ms: list[Message], base: int, blank_at: int | None) -> bytearray:
+    """The records of ``ms`` as a log holds them from offset ``base``: each PHYSICALOFFSET
+    its place, and a BLANK record (padding) in place of record ``blank_at``."""
+    out = bytearray()
+    for i, m in enumerate(ms):
+        raw = bytearray(encode(m))
+        if i == blank_at:
+            raw[:8] = struct.pack(">ii", len(raw), record.BLANK_MAGIC)
+        struct.pack_into(">q", raw, record.PHYSICAL_OFFSET_AT, base + len(out))
+        out += raw
+    return out
+
+
+@needs_compiled
+@given(st.lists(small_messages, max_size=6), st.binary(max_size=80), edits,
+       st.integers(0, 2**40), st.none() | st.integers(0, 5), st.data())
+def test_valid_run_matches(ms: list[Message], tail: bytes, changes: list[tuple[int, int]],
+                           base: int, blank_at: int | None, data: st.DataObject) -> None:
+    """Over placed records, with a BLANK among them, a garbage tail, bytes changed anywhere
+    (a torn write, a wrong offset, a bad CRC or text), any start, end, stop and ceiling."""
+    buf = placed_log(ms, base, blank_at) + tail
+    case = mutated(buf, changes) if data.draw(st.booleans()) and buf else buf
+    pos = data.draw(st.integers(0, len(case)))
+    end = data.draw(st.integers(0, len(case) + 8))
+    stop = base + data.draw(st.integers(0, len(case) + 8))
+    ceiling = data.draw(st.sampled_from([-1, 0, 2**62]) | st.integers(-1, 2**63 - 1))
+    for check_crc in (True, False):
+        args = (case, pos, end, base + pos, stop)
+        expected = outcome(PURE.valid_run, *args, check_crc=check_crc, ceiling=ceiling)
+        assert expected[0] == "value"
+        assert outcome(COMPILED.valid_run, *args, check_crc=check_crc,
+                       ceiling=ceiling) == expected
+        assert outcome(COMPILED.valid_run, memoryview(bytes(case)), *args[1:],
+                       check_crc=check_crc, ceiling=ceiling) == expected
+
+
+@needs_compiled
+def test_valid_run_reads_a_whole_unspoiled_log_and_its_latest_time() -> None:
+    ms = [Message("T", bytes([i]) * i, store_timestamp=1_000 + i) for i in range(1, 9)]
+    buf = placed_log(ms, 4096, None)
+    for codec in (PURE, COMPILED):
+        assert codec.valid_run(buf, 0, len(buf), 4096, 2**62, check_crc=True,
+                               ceiling=2**62) == (4096 + len(buf), 1_008)
+        assert codec.valid_run(buf, 0, len(buf), 4096, 2**62, check_crc=True,
+                               ceiling=1_005) == (4096 + len(buf), 1_005)
+
+
 repeating_messages = st.builds(
     Message, topic=st.sampled_from(["T", "U", "é", "ü", "TT"]), body=st.binary(max_size=4),
     properties=st.dictionaries(st.sampled_from(["a", "b", "ä", "ö", "TAGS", "KEYS"]),

@@ -346,10 +346,21 @@ class MmapMessageLog(StoreShell):
         """
         pos = start
         batch: list[Dispatched] = []
+        ceiling = self._clock.now_ms() + rules.MAX_CLOCK_SKEW_MS  # see _note_store_ts
         while True:
             mf = self._log.find(pos)
             if mf is None:
                 break
+            if pos < dispatch_from:
+                # What needs no dispatch is only validated: a normal restart re-checks three
+                # segments, a run the record codec checks without an object per record.
+                # Whatever stopped it (padding, the end, a bad record, dispatch_from) is then
+                # looked at below.
+                pos, latest = rec.valid_run(mf.mm, pos - mf.start, mf.wrote, pos,
+                                            dispatch_from, check_crc=check_crc,
+                                            ceiling=ceiling)
+                if latest >= 0:
+                    self._note_store_ts(latest)
             rel = pos - mf.start
             if rel + rec.BLANK_SIZE > mf.wrote:
                 break
