@@ -41,7 +41,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
 from types import ModuleType
@@ -49,6 +48,7 @@ from types import ModuleType
 import attrs
 
 from evq.domain import sysflag as sf
+from evq.domain.checksum import crc32
 from evq.domain.hashing import index_key_hash, tags_code
 from evq.domain.message import (
     NO_HOST,
@@ -97,7 +97,7 @@ class RecordError(ValueError):
 
 
 def body_crc(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def store_timestamp_at(sysflag: int) -> int:

@@ -32,6 +32,8 @@ from libc.string cimport memchr, memcmp, memcpy, memset
 
 import zlib
 
+from evq.domain import checksum
+
 cdef extern from "Python.h":
     ctypedef int (*descrsetfunc)(PyObject*, PyObject*, PyObject*) except -1
     ctypedef struct TypeSlots "PyTypeObject":
@@ -75,7 +77,7 @@ cdef list put_record_slots = []
 cdef object ip_text = None  # bytes -> str, the pure module's cached ipaddress round trip
 cdef object encode_properties = None
 
-cdef object crc32 = zlib.crc32
+cdef object crc32 = checksum.crc32
 cdef object compress = zlib.compress
 cdef object object_new = object.__new__
 cdef dict v4_hosts = {}  # the 8 stored bytes as an int -> (ip, port)
@@ -815,7 +817,8 @@ def plain_records(sent, str topic, queue_id, born_timestamp, born_host, store_ho
                   reconsume_times, str cluster_entry, Py_ssize_t max_body):
     """evq.domain.sent.plain_records, compiled."""
     # Our own list: it keeps every entry (and the strings ``parsed`` points into) alive while
-    # zlib, called for the CRCs, may let another thread change the caller's.
+    # the CRC function releases the GIL on a large body, and another thread may then change
+    # the caller's.
     cdef list entries = list(sent)
     cdef Py_ssize_t count = len(entries), i, cluster_size, topic_size, plen, size
     cdef const uint8_t* cluster

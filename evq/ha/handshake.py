@@ -49,7 +49,7 @@ class LogSide(Protocol):
     def max_offset(self) -> int: ...
 
     def crc(self, start: int, end: int) -> int:
-        """zlib.crc32 of the log bytes in ``[start, end)``."""
+        """The CRC-32 (zlib's) of the log bytes in ``[start, end)``."""
         ...
 
     def record_start_at_or_before(self, position: int) -> int:

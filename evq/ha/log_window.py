@@ -10,10 +10,9 @@ offset at byte 28 (see :mod:`evq.domain.record`), so a position ``q`` holding th
 
 from __future__ import annotations
 
-import zlib
-
 import attrs
 
+from evq.domain.checksum import crc32
 from evq.domain.log import MessageLog
 from evq.domain.record import INT64, MAGIC_V1, PHYSICAL_OFFSET_AT, SIZE_MAGIC
 
@@ -56,7 +55,7 @@ class LogWindow:
             chunk = self.log.read_log(pos, end - pos)
             if not chunk:
                 break
-            value = zlib.crc32(chunk, value)
+            value = crc32(chunk, value)
             pos += len(chunk)
         return value
 

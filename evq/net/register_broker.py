@@ -40,6 +40,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from evq.domain.checksum import crc32
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
 from evq.domain.config_json import from_json, to_json
@@ -69,7 +70,7 @@ class RegisterBodyError(BrokerError):
 
 def body_crc32(body: bytes) -> int:
     """``bodyCrc32`` as Java's ``UtilAll.crc32`` computes it (non-negative int)."""
-    return zlib.crc32(body) & CRC32_MASK
+    return crc32(body) & CRC32_MASK
 
 
 @attrs.frozen(slots=True, kw_only=True)
