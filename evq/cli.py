@@ -916,9 +916,11 @@ def _byte_sizes(text: str) -> tuple[int, ...]:
 
 def _add_bench_recovery(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = bench.add_parser(
-        "recovery", help="recovery time after SIGKILL by log size (flat is the goal)",
+        "recovery", help="recovery time after SIGKILL by log size (flat is the goal), and the "
+                         "reopen after a clean shutdown",
         description="For each size, a child fills a fresh store to it, checkpoints, writes a "
-                    "fixed tail and is SIGKILLed; the reopen is timed.")
+                    "fixed tail and is SIGKILLed; the reopen is timed, then, once that store "
+                    "is closed, the reopen after a clean shutdown.")
     p.add_argument("--backend", default=DEFAULT_BACKEND,
                    help=f"store backend (default: {DEFAULT_BACKEND})")
     p.add_argument("--sizes", type=_byte_sizes, default=(1024**3, 10 * 1024**3),
