@@ -140,7 +140,7 @@ class TimeSamples:
                 bit = (lo ^ (hi - 1)).bit_length() - 1
                 mid = (hi - 1) >> bit << bit if bit >= 0 else lo
                 t = times[mid]
-                if t == UNREAD:
+                if t == UNREAD:  # _read's step, inline: this loop runs once a probe
                     t = times[mid] = store_time(base + mid * STRIDE)
                     read += 1
                 if t < timestamp_ms:

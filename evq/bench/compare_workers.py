@@ -138,10 +138,9 @@ class Timer:
         cpu = time.process_time() - self._cpu
         steps = sorted(self._steps) or [0.0]
         p50, p99 = (steps[min(len(steps) - 1, len(steps) * q // 100)] * 1e6 for q in (50, 99))
-        if checker is None:
-            return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, p50_us=p50, p99_us=p99)
         return Outcome(done=done, seconds=seconds, cpu_seconds=cpu, p50_us=p50, p99_us=p99,
-                       ok=checker.ok(n), detail=checker.detail(n))
+                       ok=checker is None or checker.ok(n),
+                       detail="" if checker is None else checker.detail(n))
 
 
 def chunks(bodies: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
