@@ -58,23 +58,51 @@ def test_bench_compare_evq_alone_says_why_redis_is_missing(tmp_path: Path) -> No
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_bench_compare_beside_redis_computes_the_ratios(tmp_path: Path) -> None:
     pytest.importorskip("redis")
-    out = _compare("--data", str(tmp_path))
+    out = _compare("--data", str(tmp_path), "--runs", "2")
     systems = out["systems"]
     assert isinstance(systems, dict) and sorted(systems) == ["evq", "redis"]
     for name in ("evq", "redis"):
         _check_system(systems[name], 50, 200)
     assert out["redis_note"] is None
     assert out["loop"] == "asyncio"
-    ratios = out["ratios"]
+    ratios, by_run = out["ratios"], out["rate_ratios_by_run"]
     assert isinstance(ratios, dict) and sorted(ratios) == sorted(PHASES)
+    assert isinstance(by_run, dict) and sorted(by_run) == sorted(PHASES)
     for phase in PHASES:
-        rate = ratios[phase]["msgs_per_s"]
-        assert rate == pytest.approx(systems["evq"][phase]["msgs_per_s"]
-                                     / systems["redis"][phase]["msgs_per_s"])
-        client = ratios[phase]["client_cpu_us_per_msg"]
-        assert client == pytest.approx(systems["evq"][phase]["client_cpu_us_per_msg"]
-                                       / systems["redis"][phase]["client_cpu_us_per_msg"])
+        runs = by_run[phase]
+        assert len(runs) == 2 and all(r > 0 for r in runs), (phase, runs)
+        # The ratio is the median of the runs' own ratios (two runs: their mean).
+        assert ratios[phase]["msgs_per_s"] == pytest.approx(sum(runs) / 2)
+        for figure in ("client_cpu_us_per_msg", "p50_us", "p99_us"):
+            assert ratios[phase][figure] > 0, (phase, figure)
+        # A phase this short may take the server less than a clock tick of CPU: no ratio.
+        server = ratios[phase]["server_cpu_us_per_msg"]
+        assert server is None or server >= 0, (phase, server)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_systems_take_turns_within_each_run() -> None:
+    from evq.bench.compare import MODES, schedule
+
+    order = schedule(4, ["evq", "redis"])
+    assert len(order) == 4 * len(MODES) * 2
+    for run in range(4):
+        steps = [(mode, system) for r, mode, system in order if r == run]
+        first = "evq" if run % 2 == 0 else "redis"
+        other = "redis" if first == "evq" else "evq"
+        # Each mode on both systems back to back; the first system alternates by run.
+        assert steps == [(mode, s) for mode in MODES for s in (first, other)]
+    assert schedule(3, ["evq"]) == [(r, m, "evq") for r in range(3) for m in MODES]
+
+
+def test_a_ratio_is_the_median_of_each_runs_own_ratio() -> None:
+    from evq.bench.compare import paired_ratio
+
+    # A machine twice as fast in the second run: the runs agree on 0.5, two medians do not.
+    assert paired_ratio([50.0, 100.0, 52.0], [100.0, 200.0, 104.0]) == pytest.approx(0.5)
+    assert paired_ratio([1.0, 9.0, 2.0], [1.0, 1.0, 1.0]) == 2.0
+    assert paired_ratio([None, 3.0], [1.0, 2.0]) == 1.5  # a run without /proc is left out
+    assert paired_ratio([1.0], [0.0]) is None and paired_ratio([], []) is None
 
 
 def test_a_workers_step_times_give_the_median_and_99th_percentile(

@@ -15,6 +15,13 @@ The same shape for every system, each with its own standard Python client:
 and the CPU time per message of the server process (``/proc``, over the worker's run) and of
 the client process (over its timed phase).  The rates move from day to day on a shared machine;
 the ratios of evq to Redis measured in one run do not, and they are what the goals are about.
+
+The rates also move within minutes on such a machine (2x between two runs of the same code,
+seen on one day), so the systems take turns (:func:`schedule`): each run measures one mode on
+evq and on Redis back to back, the system that goes first alternating from run to run, and
+a ratio is the median over the runs of the ratio within each run (:func:`paired_ratio`), not
+the ratio of two medians that may come from different minutes.
+
 Redis is left out, with a note saying why, when ``redis-server`` is not on the ``PATH`` or
 redis-py (the ``bench`` extra) is not installed.
 """
@@ -119,6 +126,8 @@ class SystemFigures:
     version: str
     phases: dict[str, PhaseFigures]
     """By phase name (:data:`PHASES`), medians over the runs."""
+    runs: dict[str, list[PhaseFigures]]
+    """By phase name, each run's figures in run order (what the ratios pair)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -129,14 +138,25 @@ class CompareResult:
     """Why Redis was left out; None when it ran."""
 
     def ratios(self) -> dict[str, dict[str, float | None]] | None:
-        """evq's figure over Redis's, per phase and figure: above 1 is better for a rate,
-        below 1 for CPU per message and for a step's time.  None when Redis did not run."""
+        """evq's figure over Redis's, per phase and figure (:func:`paired_ratio` of the
+        runs): above 1 is better for a rate, below 1 for CPU per message and for a step's
+        time.  None when Redis did not run."""
         if "redis" not in self.systems:
             return None
-        ours, theirs = self.systems["evq"].phases, self.systems["redis"].phases
-        return {phase: {figure: _ratio(getattr(ours[phase], figure),
-                                       getattr(theirs[phase], figure))
+        ours, theirs = self.systems["evq"].runs, self.systems["redis"].runs
+        return {phase: {figure: paired_ratio([getattr(f, figure) for f in ours[phase]],
+                                             [getattr(f, figure) for f in theirs[phase]])
                         for figure in FIGURES} for phase in PHASES}
+
+    def rate_ratios(self) -> dict[str, list[float | None]] | None:
+        """Each run's ratio of evq's rate to Redis's, per phase, in run order: the spread
+        the median in :meth:`ratios` comes from.  None when Redis did not run."""
+        if "redis" not in self.systems:
+            return None
+        ours, theirs = self.systems["evq"].runs, self.systems["redis"].runs
+        return {phase: [_ratio(a.msgs_per_s, b.msgs_per_s)
+                        for a, b in zip(ours[phase], theirs[phase], strict=True)]
+                for phase in PHASES}
 
     def as_dict(self) -> dict[str, object]:
         o = self.options
@@ -147,6 +167,7 @@ class CompareResult:
                                **{p: attrs.asdict(f) for p, f in s.phases.items()}}
                         for name, s in self.systems.items()},
             "ratios": self.ratios(),
+            "rate_ratios_by_run": self.rate_ratios(),
             "redis_note": self.redis_note,
         }
 
@@ -155,6 +176,25 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     if ours is None or theirs is None or theirs == 0:
         return None
     return ours / theirs
+
+
+def paired_ratio(ours: list[float | None], theirs: list[float | None]) -> float | None:
+    """The median over runs of ``ours[k] / theirs[k]``: each ratio from two measurements
+    made back to back, so a machine that slows down between runs moves both sides of it.
+    Runs where either figure is unknown (no ``/proc``) are left out; None if none is left."""
+    known = [r for r in map(_ratio, ours, theirs) if r is not None]
+    return statistics.median(known) if known else None
+
+
+def schedule(runs: int, systems: list[str]) -> list[tuple[int, str, str]]:
+    """The order of the measurements, as ``(run, mode, system)``: within a run each mode is
+    measured on every system back to back, and the system that goes first rotates from run
+    to run, so neither system always meets the machine as the other left it."""
+    order: list[tuple[int, str, str]] = []
+    for run in range(runs):
+        turn = systems[run % len(systems):] + systems[:run % len(systems)]
+        order += [(run, mode, system) for mode in MODES for system in turn]
+    return order
 
 
 @attrs.frozen
@@ -179,28 +219,30 @@ async def _compare(opts: CompareOptions) -> CompareResult:
         "evq": (evq_version(opts.loop), evq_server)}
     if note is None:
         systems["redis"] = (redis_version(), redis_server)
+    runs: dict[str, dict[str, list[PhaseFigures]]] = {
+        name: {phase: [] for phase in PHASES} for name in systems}
     with scratch(opts.data, prefix="evq-bench-compare-") as root:
-        figures = {name: SystemFigures(version=version,
-                                       phases=await _measure_system(opts, name, factory,
-                                                                    root / name))
-                   for name, (version, factory) in systems.items()}
+        for run, mode, name in schedule(opts.runs, list(systems)):
+            log.info("compare_run", run=run + 1, of=opts.runs, mode=mode, system=name)
+            produced, consumed = await _measure_mode(opts, name, systems[name][1], mode,
+                                                     root / name / f"{mode}-{run}")
+            runs[name][f"{mode}_produce"].append(produced)
+            runs[name][f"{mode}_consume"].append(consumed)
+    figures = {name: SystemFigures(version=version,
+                                   phases={p: _median(f) for p, f in runs[name].items()},
+                                   runs=runs[name])
+               for name, (version, _) in systems.items()}
     return CompareResult(options=opts, systems=figures, redis_note=note)
 
 
-async def _measure_system(opts: CompareOptions, system: str, factory: ServerFactory,
-                          root: Path) -> dict[str, PhaseFigures]:
-    runs: dict[str, list[PhaseFigures]] = {phase: [] for phase in PHASES}
-    for run in range(opts.runs):
-        for mode in MODES:
-            data = root / f"{mode}-{run}"
-            async with factory(data) as server:
-                produced = await _phase(server, opts, system, "produce", mode,
-                                        opts.messages_of(mode))
-                runs[f"{mode}_produce"].append(produced)
-                runs[f"{mode}_consume"].append(
-                    await _phase(server, opts, system, "consume", mode, produced.messages))
-            shutil.rmtree(data, ignore_errors=True)
-    return {phase: _median(figures) for phase, figures in runs.items()}
+async def _measure_mode(opts: CompareOptions, system: str, factory: ServerFactory, mode: str,
+                        data: Path) -> tuple[PhaseFigures, PhaseFigures]:
+    """One run of ``mode`` on a fresh server: the produce phase, then the consume phase."""
+    async with factory(data) as server:
+        produced = await _phase(server, opts, system, "produce", mode, opts.messages_of(mode))
+        consumed = await _phase(server, opts, system, "consume", mode, produced.messages)
+    shutil.rmtree(data, ignore_errors=True)
+    return produced, consumed
 
 
 async def _phase(server: Server, opts: CompareOptions, system: str, role: str, mode: str,
@@ -428,7 +470,13 @@ def format_report(result: CompareResult) -> str:
     lines += [f"{name}: {s.version}" for name, s in result.systems.items()]
     if ratios:
         lines.append("evq/redis: above 1 is better for msgs/s, below 1 for CPU per message "
-                     "and time per request")
+                     "and time per request; the median of each run's ratio (systems measured "
+                     "back to back)")
+    by_run = result.rate_ratios()
+    if by_run and o.runs > 1:
+        lines += [f"evq/redis msgs/s by run, {phase.replace('_', ' ')}: "
+                  + " ".join("-" if r is None else f"{r:.2f}" for r in by_run[phase])
+                  for phase in PHASES]
     if result.redis_note:
         lines.append(f"redis: {result.redis_note}")
     return "\n".join(lines)
