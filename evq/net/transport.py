@@ -248,7 +248,8 @@ REQUEST_TASK_NAME: Final = "evq request"
 
 
 class Dispatcher:
-    """The handler table of one side of a connection, and RocketMQ's rules for its failures."""
+    """The handler table of one side of a connection, and RocketMQ's answers for a request
+    no handler takes and for a handler that fails (a connection runs the handlers)."""
 
     def __init__(self, handlers: Mapping[int, Handler] | None = None, *,
                  eager: bool = False) -> None:
@@ -260,19 +261,24 @@ class Dispatcher:
     def register(self, code: int, handler: Handler) -> None:
         self._handlers[code] = handler
 
-    async def dispatch(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-        handler = self._handlers.get(cmd.code)
-        if handler is None:
-            return cmd.response(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
-            )
-        try:
-            return await handler(conn, cmd)
-        except BrokerError as exc:
+    def handler(self, code: int) -> Handler | None:
+        return self._handlers.get(code)
+
+    @staticmethod
+    def unsupported(cmd: RemotingCommand) -> RemotingCommand:
+        """The answer to a request no handler takes."""
+        return cmd.response(
+            ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
+
+    @staticmethod
+    def failed(conn: Connection, cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
+        """The answer to a request whose handler raised ``exc``: a refusal's own code, or
+        SYSTEM_ERROR (and a log line with the traceback) for anything else.  Called in the
+        ``except`` block that caught it."""
+        if isinstance(exc, BrokerError):
             return cmd.response(exc.code, exc.remark)
-        except Exception as exc:
-            log.exception("request handler failed", code=cmd.code, conn=conn.id, peer=conn.peer)
-            return cmd.response(ResponseCode.SYSTEM_ERROR, _describe(exc))
+        log.exception("request handler failed", code=cmd.code, conn=conn.id, peer=conn.peer)
+        return cmd.response(ResponseCode.SYSTEM_ERROR, _describe(exc))
 
 
 async def _resumed(coro: Coroutine[Any, Any, None], suspended_on: object) -> None:
@@ -376,8 +382,13 @@ class Connection(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._write_waiters: list[asyncio.Future[None]] = []
         self._held = 0  # bytes of the requests running handlers hold
+        # The limits _may_take checks for every frame, read out of the (frozen) config once.
+        self._max_in_flight = config.max_in_flight
+        self._max_request_bytes = config.max_request_bytes
         self._stopped = False  # no more requests taken: shutting down or framing lost
         self._reading = True
+        # The loop thread's read buffer (a connection is made and read on its loop's thread).
+        self._read_view = _read_buffer()
         self.last_active = clock.monotonic()
 
     # -- state the owner looks at -------------------------------------------------------------
@@ -537,11 +548,11 @@ class Connection(asyncio.BufferedProtocol):
         log.debug("connection opened", conn=self.id, peer=self.peer)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _read_buffer()
+        return self._read_view
 
     def buffer_updated(self, nbytes: int) -> None:
-        with _read_buffer()[:nbytes] as data:
-            self.data_received(data)
+        # The slice is copied into the decoder and dropped on return: no export outlives it.
+        self.data_received(self._read_view[:nbytes])
 
     def data_received(self, data: bytes | memoryview) -> None:
         self.last_active = self._clock.monotonic()
@@ -585,8 +596,8 @@ class Connection(asyncio.BufferedProtocol):
         return (
             not self._stopped
             and not (self._writing_paused and self._pause_on_write)
-            and len(self._tasks) < self._config.max_in_flight
-            and self._held < self._config.max_request_bytes
+            and len(self._tasks) < self._max_in_flight
+            and self._held < self._max_request_bytes
         )
 
     def _update_reading(self) -> None:
@@ -602,15 +613,16 @@ class Connection(asyncio.BufferedProtocol):
 
     def _pump(self) -> None:
         """Decode and start what the limits allow; the rest waits in the decoder's buffer."""
+        decoder = self._decoder
         try:
             while self._may_take():
-                before = self._decoder.buffered
-                if not before or (cmd := self._decoder.next_command()) is None:
+                before = decoder.buffered
+                if not before or (cmd := decoder.next_command()) is None:
                     break
                 if cmd.is_response:
                     self._resolve(cmd)
                 else:
-                    self._start(cmd, before - self._decoder.buffered)
+                    self._start(cmd, before - decoder.buffered)
         except ProtocolError as exc:
             self._refuse(exc)
         self._update_reading()
@@ -647,9 +659,19 @@ class Connection(asyncio.BufferedProtocol):
         pending[0].answer(response)
 
     async def _handle(self, cmd: RemotingCommand) -> None:
-        if self._pause_on_write:
+        # Checked here, not by awaiting coroutines that return at once (writable(), or a
+        # dispatch step between this and the handler): each cost a coroutine per request.
+        if self._pause_on_write and self._writing_paused:
             await self.writable()
-        response = await self._dispatcher.dispatch(self, cmd)
+        handler = self._dispatcher.handler(cmd.code)
+        response: RemotingCommand | None
+        if handler is None:
+            response = Dispatcher.unsupported(cmd)
+        else:
+            try:
+                response = await handler(self, cmd)
+            except Exception as exc:
+                response = Dispatcher.failed(self, cmd, exc)
         if response is None or cmd.is_oneway or self._transport is None:
             return
         if self._transport.is_closing():
