@@ -427,7 +427,8 @@ def _add_bench_compare(bench: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="scratch directory for the servers' data (default: a temporary "
                         "directory), removed after")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the table (no progress bar)")
     p.set_defaults(handler=_cmd_bench_compare, log_level_default="warning")
 
 
@@ -437,7 +438,8 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     try:
         opts = CompareOptions(messages=args.messages, sync_messages=args.sync_messages,
                               batch=args.batch, runs=args.runs, max_seconds=args.max_seconds,
-                              data=args.data, redis=args.redis, loop=args.loop)
+                              data=args.data, redis=args.redis, loop=args.loop,
+                              progress=not args.json and sys.stderr.isatty())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = run_compare(opts)

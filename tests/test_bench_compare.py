@@ -134,3 +134,18 @@ def test_a_workers_step_times_give_the_median_and_99th_percentile(
     outcome = timer.outcome(100)
     assert outcome.p50_us == pytest.approx(51) and outcome.p99_us == pytest.approx(100)
     assert outcome.seconds == pytest.approx(sum(durations))
+
+
+def test_a_long_compare_shows_a_bar_of_its_phases_on_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the CLI turns on for a terminal: a step per phase, named by run, mode and system,
+    on stderr, so that the report (or ``--json``) stays alone on stdout."""
+    from evq.bench.compare import CompareOptions, run_compare
+
+    result = run_compare(CompareOptions(messages=64, sync_messages=16, batch=8, redis=False,
+                                        data=tmp_path, progress=True))
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "run 1/1 sync evq" in err and "run 1/1 batch evq" in err
+    assert "4/4" in err  # produce and consume of both modes
+    assert result.systems["evq"].phases["batch_consume"].messages == 64

@@ -38,9 +38,10 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
+from tqdm import tqdm
 
 from evq import logs
 from evq.bench.broker_process import (
@@ -91,6 +92,8 @@ class CompareOptions:
     redis: bool = True
     loop: str = "asyncio"
     """The event loop of evq's client process (Redis's client is blocking)."""
+    progress: bool = False
+    """A bar on stderr, a step per phase (the CLI's, when stderr is a terminal)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("messages", "sync_messages", "batch", "runs"):
@@ -221,11 +224,15 @@ async def _compare(opts: CompareOptions) -> CompareResult:
         systems["redis"] = (redis_version(), redis_server)
     runs: dict[str, dict[str, list[PhaseFigures]]] = {
         name: {phase: [] for phase in PHASES} for name in systems}
-    with scratch(opts.data, prefix="evq-bench-compare-") as root:
-        for run, mode, name in schedule(opts.runs, list(systems)):
+    order = schedule(opts.runs, list(systems))
+    with (scratch(opts.data, prefix="evq-bench-compare-") as root,
+          tqdm(total=len(order) * len(ROLES), unit="phase", file=sys.stderr,
+               disable=not opts.progress, dynamic_ncols=True) as bar):
+        for run, mode, name in order:
             log.info("compare_run", run=run + 1, of=opts.runs, mode=mode, system=name)
+            bar.set_description(f"run {run + 1}/{opts.runs} {mode} {name}")
             produced, consumed = await _measure_mode(opts, name, systems[name][1], mode,
-                                                     root / name / f"{mode}-{run}")
+                                                     root / name / f"{mode}-{run}", bar)
             runs[name][f"{mode}_produce"].append(produced)
             runs[name][f"{mode}_consume"].append(consumed)
     figures = {name: SystemFigures(version=version,
@@ -236,11 +243,13 @@ async def _compare(opts: CompareOptions) -> CompareResult:
 
 
 async def _measure_mode(opts: CompareOptions, system: str, factory: ServerFactory, mode: str,
-                        data: Path) -> tuple[PhaseFigures, PhaseFigures]:
+                        data: Path, bar: tqdm[Any]) -> tuple[PhaseFigures, PhaseFigures]:
     """One run of ``mode`` on a fresh server: the produce phase, then the consume phase."""
     async with factory(data) as server:
         produced = await _phase(server, opts, system, "produce", mode, opts.messages_of(mode))
+        bar.update()
         consumed = await _phase(server, opts, system, "consume", mode, produced.messages)
+        bar.update()
     shutil.rmtree(data, ignore_errors=True)
     return produced, consumed
 
