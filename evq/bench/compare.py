@@ -157,8 +157,8 @@ class CompareResult:
         if "redis" not in self.systems:
             return None
         ours, theirs = self.systems["evq"].runs, self.systems["redis"].runs
-        return {phase: [_ratio(a.msgs_per_s, b.msgs_per_s)
-                        for a, b in zip(ours[phase], theirs[phase], strict=True)]
+        return {phase: run_ratios([f.msgs_per_s for f in ours[phase]],
+                                  [f.msgs_per_s for f in theirs[phase]])
                 for phase in PHASES}
 
     def as_dict(self) -> dict[str, object]:
@@ -181,11 +181,20 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return ours / theirs
 
 
+def run_ratios(ours: list[float | None], theirs: list[float | None]) -> list[float | None]:
+    """``ours[k] / theirs[k]`` for each run ``k``; None where either figure is unknown."""
+    return [_ratio(a, b) for a, b in zip(ours, theirs, strict=True)]
+
+
 def paired_ratio(ours: list[float | None], theirs: list[float | None]) -> float | None:
     """The median over runs of ``ours[k] / theirs[k]``: each ratio from two measurements
     made back to back, so a machine that slows down between runs moves both sides of it.
     Runs where either figure is unknown (no ``/proc``) are left out; None if none is left."""
-    known = [r for r in map(_ratio, ours, theirs) if r is not None]
+    return _median_known(run_ratios(ours, theirs))
+
+
+def _median_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
 
 
@@ -297,10 +306,7 @@ async def _run_worker(job: Job) -> Outcome:
 
 
 def _median(figures: list[PhaseFigures]) -> PhaseFigures:
-    def med(values: Iterable[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else None
-
+    med = _median_known
     rate = med(f.msgs_per_s for f in figures)
     client = med(f.client_cpu_us_per_msg for f in figures)
     p50, p99 = med(f.p50_us for f in figures), med(f.p99_us for f in figures)
