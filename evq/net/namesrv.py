@@ -42,7 +42,14 @@ from evq.net.register_broker import (
 )
 from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
 from evq.net.tls import ServerTls
-from evq.net.transport import Connection, Dispatcher, Handler, RemotingServer, TransportConfig
+from evq.net.transport import (
+    Connection,
+    Dispatcher,
+    Handler,
+    RemotingServer,
+    TransportConfig,
+    settled,
+)
 
 log = logs.get_logger(__name__)
 
@@ -177,7 +184,7 @@ class NameServer:
             if isinstance(decision, Deny):
                 self._refusals.refused(conn, cmd, decision)
                 raise BrokerError(ResponseCode.NO_PERMISSION, decision.reason)
-            return await handler(conn, cmd)
+            return await settled(handler(conn, cmd))
 
         return guarded
 

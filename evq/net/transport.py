@@ -8,10 +8,12 @@ its own pending requests by opaque.  :class:`RemotingServer` accepts such connec
 :class:`RemotingClient` opens one to an address and reopens it on demand.
 
 A handler is ``async def handler(conn: Connection, cmd: RemotingCommand) -> RemotingCommand |
-None``; it answers with ``cmd.response(...)`` or raises :class:`~evq.domain.codes.BrokerError`
-for a refusal.  The dispatcher turns everything else into RocketMQ's answers: unknown codes get
-REQUEST_CODE_NOT_SUPPORTED, any other exception SYSTEM_ERROR (and a log line); oneway requests
-(flag bit 1) get nothing.  A processor module looks like::
+None``, or a plain function returning the answer itself or an awaitable of it (see
+:data:`Handler`); it answers with ``cmd.response(...)`` or raises
+:class:`~evq.domain.codes.BrokerError` for a refusal.  The dispatcher turns everything else
+into RocketMQ's answers: unknown codes get REQUEST_CODE_NOT_SUPPORTED, any other exception
+SYSTEM_ERROR (and a log line); oneway requests (flag bit 1) get nothing.  A processor module
+looks like::
 
     async def get_max_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topic, queue_id = cmd.get_str("topic"), cmd.get_int("queueId")
@@ -107,7 +109,23 @@ except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio 
 
 log = logs.get_logger(__name__)
 
-Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+Reply = RemotingCommand | None
+"""A handler's answer: the response, or None for none (a oneway request's)."""
+Handler = Callable[["Connection", RemotingCommand], Awaitable[Reply] | Reply]
+"""A request's handler: it answers at once (a plain function returning the :data:`Reply`) or
+later (an awaitable of it: a coroutine).  Answering at once spares a coroutine, its first
+step and its ``StopIteration`` a request; a send under ASYNC_FLUSH does (see
+:meth:`Connection._start`)."""
+
+
+async def settled(outcome: Awaitable[Reply] | Reply) -> Reply:
+    """What a handler answered, awaited if it answers later: for a handler that wraps
+    another (a check in front of it) and so awaits it either way."""
+    if outcome is None or isinstance(outcome, RemotingCommand):
+        return outcome
+    return await outcome
+
+
 CloseCallback = Callable[["Connection"], None]
 _T = TypeVar("_T")
 
@@ -615,9 +633,10 @@ class Connection(asyncio.BufferedProtocol):
         """Decode and start what the limits allow; the rest waits in the decoder's buffer."""
         decoder = self._decoder
         try:
-            while self._may_take():
-                before = decoder.buffered
-                if not before or (cmd := decoder.next_command()) is None:
+            # The buffer first: emptied by the last frame, it ends the loop without the
+            # limits being read once more.
+            while (before := decoder.buffered) and self._may_take():
+                if (cmd := decoder.next_command()) is None:
                     break
                 if cmd.is_response:
                     self._resolve(cmd)
@@ -628,18 +647,32 @@ class Connection(asyncio.BufferedProtocol):
         self._update_reading()
 
     def _start(self, cmd: RemotingCommand, size: int) -> None:
-        """Run ``cmd``'s handler: in a task, or (eager dispatcher) at once, with a task only
-        for what is left when it suspends."""
-        handling: Coroutine[Any, Any, None] = self._handle(cmd)
-        if self._dispatcher.eager:
-            try:
-                suspended_on = handling.send(None)
-            except StopIteration:
-                return  # answered already: no task, nothing held
-            except Exception as exc:
-                self._failed(exc)
-                return
-            handling = _resumed(handling, suspended_on)
+        """Run ``cmd``'s handler: in a task, or (eager dispatcher) at once, answering at once
+        when it does, with a task only for what is left when its coroutine suspends."""
+        if not self._dispatcher.eager:
+            self._spawn(self._handle(cmd), cmd, size)
+            return
+        handler = self._dispatcher.handler(cmd.code)
+        outcome: Awaitable[Reply] | Reply
+        try:
+            outcome = Dispatcher.unsupported(cmd) if handler is None else handler(self, cmd)
+        except Exception as exc:
+            outcome = Dispatcher.failed(self, cmd, exc)
+        if outcome is None or isinstance(outcome, RemotingCommand):
+            self._answer(cmd, outcome)
+            return
+        handling = self._finish(cmd, outcome)
+        try:
+            suspended_on = handling.send(None)
+        except StopIteration:
+            return  # answered already: no task, nothing held
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self._spawn(_resumed(handling, suspended_on), cmd, size)
+
+    def _spawn(self, handling: Coroutine[Any, Any, None], cmd: RemotingCommand,
+               size: int) -> None:
         task = self._loop.create_task(handling, name=REQUEST_TASK_NAME)
         self._tasks.add(task)
         self._held += size
@@ -659,22 +692,31 @@ class Connection(asyncio.BufferedProtocol):
         pending[0].answer(response)
 
     async def _handle(self, cmd: RemotingCommand) -> None:
-        # Checked here, not by awaiting coroutines that return at once (writable(), or a
-        # dispatch step between this and the handler): each cost a coroutine per request.
+        """A lazy dispatcher's request, all of it in its task: the writer may have paused
+        since the request was taken."""
         if self._pause_on_write and self._writing_paused:
             await self.writable()
         handler = self._dispatcher.handler(cmd.code)
-        response: RemotingCommand | None
-        if handler is None:
-            response = Dispatcher.unsupported(cmd)
-        else:
-            try:
-                response = await handler(self, cmd)
-            except Exception as exc:
-                response = Dispatcher.failed(self, cmd, exc)
-        if response is None or cmd.is_oneway or self._transport is None:
-            return
-        if self._transport.is_closing():
+        response: Reply
+        try:
+            response = (Dispatcher.unsupported(cmd) if handler is None
+                        else await settled(handler(self, cmd)))
+        except Exception as exc:
+            response = Dispatcher.failed(self, cmd, exc)
+        self._answer(cmd, response)
+
+    async def _finish(self, cmd: RemotingCommand, outcome: Awaitable[Reply]) -> None:
+        """The rest of an eager handler that answers later."""
+        response: Reply
+        try:
+            response = await outcome
+        except Exception as exc:
+            response = Dispatcher.failed(self, cmd, exc)
+        self._answer(cmd, response)
+
+    def _answer(self, cmd: RemotingCommand, response: Reply) -> None:
+        transport = self._transport
+        if response is None or cmd.is_oneway or transport is None or transport.is_closing():
             return
         try:
             self._write(response)

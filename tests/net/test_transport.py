@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from evq.net.transport import (
     Dispatcher,
     RemotingClient,
     RemotingServer,
+    Reply,
     RequestTimeout,
     TransportConfig,
 )
@@ -253,6 +255,45 @@ def test_connections_in_several_threads_read_their_own_bytes() -> None:
 
 
 # --- errors answered ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+async def test_a_plain_function_handler_answers_at_once_or_later_or_refuses(eager: bool) -> None:
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    async def later(cmd: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(0)
+        return cmd.response(fields={"how": "later"})
+
+    def plain(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
+        ran_in.append(asyncio.current_task())
+        how = cmd.ext_fields["how"]
+        if how == "refuse":
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, "topic[T] not exist")
+        if how == "crash":
+            raise RuntimeError("boom")
+        return cmd.response(fields={"how": "now"}) if how == "now" else later(cmd)
+
+    async with serving({ECHO: plain}, eager=eager) as server, client_of(server) as client:
+        def ask(how: str) -> Awaitable[RemotingCommand]:
+            return client.invoke(RemotingCommand.request(ECHO, {"how": how}), TIMEOUT)
+
+        assert (await ask("now")).ext_fields["how"] == "now"
+        assert (await ask("later")).ext_fields["how"] == "later"
+        refused = await ask("refuse")
+        assert (refused.code, refused.remark) == (ResponseCode.TOPIC_NOT_EXIST,
+                                                  "topic[T] not exist")
+        with capture_logs() as logs:
+            crashed = await ask("crash")
+        assert (crashed.code, crashed.remark) == (ResponseCode.SYSTEM_ERROR, "RuntimeError: boom")
+        assert [e["event"] for e in logs] == ["request handler failed"]
+        # An eager dispatcher calls it in the read callback; a lazy one in the request's task.
+        assert all((task is None) == eager for task in ran_in), ran_in
+        assert len(ran_in) == 4 and len(server.connections) == 1
+        # A oneway request's answer, given at once, goes nowhere; the connection goes on.
+        await client.invoke_oneway(RemotingCommand.request(ECHO, {"how": "now"}))
+        assert (await ask("now")).ext_fields["how"] == "now"
+        assert len(ran_in) == 6
 
 
 async def test_unknown_code_is_not_supported() -> None:

@@ -13,7 +13,7 @@ from evq.domain.codes import ResponseCode
 from evq.net.acl_check import RefusalLog, decide
 from evq.net.acl_file import AclFile
 from evq.net.protocol import RemotingCommand
-from evq.net.transport import Connection, Handler
+from evq.net.transport import Connection, Handler, settled
 
 
 def acl_checked(handler: Handler, acl: AclFile, refusals: RefusalLog) -> Handler:
@@ -24,6 +24,6 @@ def acl_checked(handler: Handler, acl: AclFile, refusals: RefusalLog) -> Handler
         if isinstance(decision, Deny):
             refusals.refused(conn, cmd, decision)
             return cmd.response(ResponseCode.NO_PERMISSION, decision.reason)
-        return await handler(conn, cmd)
+        return await settled(handler(conn, cmd))
 
     return checked

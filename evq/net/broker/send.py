@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import attrs
 
 from evq.domain import sysflag as sf
@@ -18,7 +20,7 @@ from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.send_header import SendHeader
-from evq.net.transport import Connection, Handler
+from evq.net.transport import Connection, Handler, Reply
 
 
 def entries_of(h: SendHeader, body: bytes, limit: int) -> list[SentEntry]:
@@ -116,10 +118,19 @@ async def replicated(ctx: BrokerContext, stored: Stored) -> Stored:
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
-    async def send(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def send(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
+        """Answers at once in the common case (a put on the loop, nothing to wait for)."""
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
-        core, born_host, body = ctx.core, parse_host(conn.peer), cmd.body
+        core, body = ctx.core, cmd.body
         writes = core.put_writes_metadata(h.topic)  # creating a topic or group: waits on disk
+        if (writes or ctx.puts.busy or (h.batch and len(body) >= execution.LARGE_WORK)
+                or ctx.durable is not None or ctx.replicated is not None):
+            return send_later(h, body, parse_host(conn.peer), cmd, writes)
+        return answer(cmd, put_request(core, h, body, parse_host(conn.peer)))
+
+    async def send_later(h: SendHeader, body: bytes, born_host: Host, cmd: RemotingCommand,
+                         writes: bool) -> Reply:
+        core = ctx.core
         if writes or (h.batch and len(body) >= execution.LARGE_WORK):
             put = put_large_request if h.batch else put_request
             stored = await ctx.puts.off_loop(lambda: put(core, h, body, born_host))
@@ -127,10 +138,11 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
                 ctx.topics_changed()
         elif ctx.puts.busy:  # after the large put before it
             stored = await ctx.puts.inline(lambda: put_request(core, h, body, born_host))
-        else:  # the common case: no thread hop, no coroutine
+        else:
             stored = put_request(core, h, body, born_host)
-        if ctx.durable is not None or ctx.replicated is not None:  # else no coroutine to make
-            stored = await replicated(ctx, await durable(ctx, stored))
+        return answer(cmd, await replicated(ctx, await durable(ctx, stored)))
+
+    def answer(cmd: RemotingCommand, stored: Stored) -> RemotingCommand:
         if stored.ok:
             ctx.stats.messages_put += stored.count
             ctx.stats.bytes_put += stored.size
