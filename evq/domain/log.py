@@ -37,6 +37,10 @@ class PutStatus(enum.Enum):
     OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
+    # Members are singletons compared by identity, so identity hashing agrees with equality;
+    # Enum's own __hash__ is a Python function, and a send's answer looks its status up.
+    __hash__ = object.__hash__
+
 
 class GetStatus(enum.Enum):
     """RocketMQ ``GetMessageStatus``; the value is the name Java puts in a pull's remark."""

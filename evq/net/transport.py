@@ -93,6 +93,7 @@ from evq.net.listener import SniffingListener
 from evq.net.protocol import (
     MAX_FRAME,
     ONEWAY_FLAG,
+    RESPONSE_FLAG,
     FrameDecoder,
     OpaqueCounter,
     ProtocolError,
@@ -275,12 +276,12 @@ class Dispatcher:
         self.eager = eager
         """Whether a handler's first step runs inside the read callback (see the module's
         docstring for the rule this puts on handlers)."""
+        self.handler: Callable[[int], Handler | None] = self._handlers.get
+        """The handler of a request code, or None (the table's own ``get``: a lookup every
+        request makes, without a Python frame of its own)."""
 
     def register(self, code: int, handler: Handler) -> None:
         self._handlers[code] = handler
-
-    def handler(self, code: int) -> Handler | None:
-        return self._handlers.get(code)
 
     @staticmethod
     def unsupported(cmd: RemotingCommand) -> RemotingCommand:
@@ -569,8 +570,11 @@ class Connection(asyncio.BufferedProtocol):
         return self._read_view
 
     def buffer_updated(self, nbytes: int) -> None:
+        # data_received's three lines rather than a call to it: one Python frame less a read.
         # The slice is copied into the decoder and dropped on return: no export outlives it.
-        self.data_received(self._read_view[:nbytes])
+        self.last_active = self._clock.monotonic()
+        self._decoder.feed(self._read_view[:nbytes])
+        self._pump()
 
     def data_received(self, data: bytes | memoryview) -> None:
         self.last_active = self._clock.monotonic()
@@ -630,21 +634,25 @@ class Connection(asyncio.BufferedProtocol):
             transport.pause_reading()
 
     def _pump(self) -> None:
-        """Decode and start what the limits allow; the rest waits in the decoder's buffer."""
+        """Decode and start what the limits allow; the rest waits in the decoder's buffer.
+        The limits are read once before the first frame and once after each, and reading
+        is paused or resumed only when that changes what the transport does."""
         decoder = self._decoder
+        take = self._may_take()
         try:
-            # The buffer first: emptied by the last frame, it ends the loop without the
-            # limits being read once more.
-            while (before := decoder.buffered) and self._may_take():
+            while take and (before := decoder.buffered):
                 if (cmd := decoder.next_command()) is None:
                     break
-                if cmd.is_response:
+                if cmd.flag & RESPONSE_FLAG:  # cmd.is_response, without a call a frame
                     self._resolve(cmd)
                 else:
                     self._start(cmd, before - decoder.buffered)
+                take = self._may_take()
         except ProtocolError as exc:
             self._refuse(exc)
-        self._update_reading()
+            take = self._may_take()
+        if take != self._reading:
+            self._update_reading()
 
     def _start(self, cmd: RemotingCommand, size: int) -> None:
         """Run ``cmd``'s handler: in a task, or (eager dispatcher) at once, answering at once
@@ -716,13 +724,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def _answer(self, cmd: RemotingCommand, response: Reply) -> None:
         transport = self._transport
-        if response is None or cmd.is_oneway or transport is None or transport.is_closing():
+        if (response is None or cmd.flag & ONEWAY_FLAG or transport is None
+                or transport.is_closing()):
             return
         try:
-            self._write(response)
+            frame = response.encode()
         except ProtocolError as exc:
             log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
-            self._write(cmd.response(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}"))
+            frame = cmd.response(ResponseCode.SYSTEM_ERROR,
+                                 f"response not encodable: {exc}").encode()
+        transport.write(frame)  # as _write does, its checks made above
+        self.last_active = self._clock.monotonic()
 
     def _handled(self, size: int, task: asyncio.Task[None]) -> None:
         self._held -= size

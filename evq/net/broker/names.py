@@ -15,7 +15,7 @@ from typing import Final
 from evq.domain.groups import validate_group
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
-from evq.net.transport import Connection, Handler
+from evq.net.transport import Connection, Handler, Reply
 
 GROUP_FIELDS: Final = ("consumerGroup", "producerGroup", "group")
 # Sends may come with SendMessageRequestHeaderV2's one-letter names, where "a" is producerGroup.
@@ -24,23 +24,25 @@ SEND_CODES: Final = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAG
                                RequestCode.SEND_BATCH_MESSAGE})
 
 
-def group_fields(cmd: RemotingCommand) -> tuple[str, ...]:
-    return SEND_GROUP_FIELDS if cmd.code in SEND_CODES else GROUP_FIELDS
+def group_fields(code: int) -> tuple[str, ...]:
+    """The header fields that name a group in a request of ``code``."""
+    return SEND_GROUP_FIELDS if code in SEND_CODES else GROUP_FIELDS
 
 
-def names_checked(handler: Handler) -> Handler:
-    """``handler`` behind the group-name check; a refused name is answered SYSTEM_ERROR (as
-    :func:`~evq.domain.groups.validate_group` says) and never reaches the processor.  An empty
-    field counts as absent, as the processors read it.
+def names_checked(code: int, handler: Handler) -> Handler:
+    """``handler`` (of request ``code``) behind the group-name check; a refused name is
+    answered SYSTEM_ERROR (as :func:`~evq.domain.groups.validate_group` says) and never
+    reaches the processor.  An empty field counts as absent, as the processors read it.
 
-    The check is a plain function returning the handler's coroutine: it raises before the
-    handler starts, inside the dispatcher's ``await`` (which answers the refusal), and a
-    request pays no coroutine of its own for it."""
+    The check is a plain function returning what the handler returns: it raises before the
+    handler starts, and the connection answers the refusal; a request pays no coroutine of
+    its own for it."""
+    fields = group_fields(code)
 
-    def checked(conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand | None]:
-        fields = cmd.ext_fields
-        for name in group_fields(cmd):
-            value = fields.get(name)
+    def checked(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
+        ext = cmd.ext_fields
+        for name in fields:
+            value = ext.get(name)
             if value:
                 validate_group(value)
         return handler(conn, cmd)

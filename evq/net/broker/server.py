@@ -175,7 +175,7 @@ class BrokerServer:
         refusals = RefusalLog("acl_refused")
         for module in PROCESSOR_MODULES:
             for code, handler in module.handlers(ctx).items():
-                checked = names_checked(handler)
+                checked = names_checked(code, handler)
                 self._dispatcher.register(code, checked if self.acl is None
                                           else acl_checked(checked, self.acl, refusals))
         self.ctx = ctx
