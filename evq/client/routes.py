@@ -10,7 +10,7 @@ queues a broker, as the C++ client does), and the broker creates it on the first
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Final
 
 import attrs
@@ -137,11 +137,19 @@ class BrokerPool:
     def addresses(self) -> list[str]:
         return sorted(self._clients)
 
-    async def invoke(self, addr: str, cmd: RemotingCommand,
-                     timeout: float = REQUEST_TIMEOUT_S) -> RemotingCommand:
+    def invoke(self, addr: str, cmd: RemotingCommand,
+               timeout: float = REQUEST_TIMEOUT_S) -> Awaitable[RemotingCommand]:
+        """The answer to ``cmd`` from ``addr``, to await.  On an open connection this is the
+        connection's own request: a coroutine of this method's around it was one more frame
+        every answer passed through on its way to the caller."""
         conn = self._open.get(addr)
         if conn is None or conn.is_closed:
-            conn = self._open[addr] = await self.client(addr).connection()
+            return self._invoke_opening(addr, cmd, timeout)
+        return conn.send_request(cmd, timeout)
+
+    async def _invoke_opening(self, addr: str, cmd: RemotingCommand,
+                              timeout: float) -> RemotingCommand:
+        conn = self._open[addr] = await self.client(addr).connection()
         return await conn.send_request(cmd, timeout)
 
     async def call(self, addr: str, cmd: RemotingCommand, what: str,
