@@ -17,7 +17,7 @@ import attrs
 
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.pulling import Subscription, parse_pull, pull_request
-from evq.client.routes import MASTER_ID, BrokerPool, Routes, TopicRoute
+from evq.client.routes import BrokerPool, Routes, TopicRoute
 from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
 from evq.domain.config_json import from_json, to_json
@@ -28,6 +28,7 @@ from evq.domain.record import decode, iter_records, parse_offset_msg_id
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.routes import MASTER_ID
 from evq.net.security import ClientSecurity
 from evq.net.transport import TransportError
 

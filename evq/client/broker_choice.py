@@ -14,8 +14,8 @@ from typing import Final
 
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.queues import MessageQueue
+from evq.net.routes import MASTER_ID
 
-MASTER_ID: Final = 0
 DOWN_FOR_S: Final = 5.0
 
 

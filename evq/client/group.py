@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 from evq import logs
-from evq.client.broker_choice import MASTER_ID, BrokerChoice
+from evq.client.broker_choice import BrokerChoice
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.producer import Producer
 from evq.client.pulling import PullResult, Subscription, parse_pull, pull_request
@@ -44,6 +44,7 @@ from evq.domain.retry import FIRST_RETRY_LEVEL
 from evq.net.codes import RequestCode
 from evq.net.fastjson import queue_json
 from evq.net.protocol import RemotingCommand
+from evq.net.routes import MASTER_ID
 from evq.net.transport import TransportError
 
 log = logs.get_logger(__name__)

@@ -24,6 +24,7 @@ from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
+from evq.net.routes import MASTER_ID, QueueData
 from evq.net.security import ClientSecurity
 from evq.net.transport import (
     Connection,
@@ -35,18 +36,9 @@ from evq.net.transport import (
 
 log = logs.get_logger(__name__)
 
-MASTER_ID: Final = 0
 REFRESH_S: Final = 30.0
 DEFAULT_TOPIC_QUEUES: Final = 4
 REQUEST_TIMEOUT_S: Final = 3.0
-
-
-@attrs.frozen(slots=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
 
 
 @attrs.frozen(slots=True)
@@ -64,7 +56,8 @@ class TopicRoute:
             brokers = {str(b["brokerName"]): {int(k): str(v) for k, v in b["brokerAddrs"].items()}
                        for b in data.get("brokerDatas") or []}
             queues = tuple(QueueData(str(q["brokerName"]), int(q["readQueueNums"]),
-                                     int(q["writeQueueNums"]), int(q["perm"]))
+                                     int(q["writeQueueNums"]), int(q["perm"]),
+                                     int(q.get("topicSysFlag") or 0))
                            for q in data.get("queueDatas") or [])
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ClientError(f"unreadable route for topic {topic!r}: {exc!r}") from None

@@ -12,6 +12,7 @@ registration, scanned every 10 s) is tested by moving a number.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import attrs
 
@@ -20,7 +21,7 @@ from evq.domain.topics import TopicConfig
 
 log = logs.get_logger(__name__)
 
-MASTER_ID = 0
+MASTER_ID: Final = 0
 BROKER_EXPIRED_MS = 120_000  # BROKER_CHANNEL_EXPIRED_TIME
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evq.client.broker_choice import MASTER_ID, BrokerChoice
+from evq.client.broker_choice import BrokerChoice
 from evq.domain.clock import ManualClock
 from evq.domain.queues import MessageQueue
+from evq.net.routes import MASTER_ID
 
 Q = MessageQueue("T", "broker-a", 0)
 GROUP = {0: "m:1", 1: "s1:1", 2: "s2:1"}

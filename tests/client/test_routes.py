@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evq.client.errors import ClientError
 from evq.client.routes import TopicRoute, parse_addresses
 from evq.domain.queues import MessageQueue
+from evq.domain.topics import TopicConfig
+from evq.net.routes import QueueData, RouteTable
 
 # fastjson's default output: unquoted integer keys in brokerAddrs.
 JAVA_ROUTE = (b'{"brokerDatas":[{"brokerAddrs":{0:"10.0.0.1:10911",1:"10.0.0.2:10911"},'
@@ -43,6 +47,21 @@ def test_order_topic_conf_wins() -> None:
 def test_unreadable_route_is_a_client_error(body: bytes) -> None:
     with pytest.raises(ClientError, match="unreadable route"):
         TopicRoute.from_body("T", body)
+
+
+def test_a_name_server_route_reads_back_as_the_same_queue_data() -> None:
+    """Client and name server share one QueueData: what the table answers, the client
+    reads back whole, the topic's system flag included."""
+    table = RouteTable()
+    topics = [TopicConfig(topic_name="T", read_queue_nums=3, write_queue_nums=2, perm=6,
+                          topic_sys_flag=1)]
+    table.register(cluster="C", broker_name="b", broker_addr="10.0.0.1:10911", broker_id=0,
+                   ha_server_addr="", topics=topics, now_ms=0)
+    answer = table.route("T")
+    assert answer is not None
+    route = TopicRoute.from_body("T", json.dumps(answer).encode())
+    assert route.queue_datas == tuple(table.topics["T"].values())
+    assert route.queue_datas == (QueueData("b", 3, 2, 6, 1),)
 
 
 def test_name_server_addresses() -> None:
