@@ -451,6 +451,45 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     return _print_bench(result, format_report, _rerun_line(words, args), args)
 
 
+# --- evq bench path -------------------------------------------------------------------------
+
+
+def _add_bench_path(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "path",
+        help="what one send costs the broker's loop: Python calls, bytecodes and CPU",
+        description=(
+            "A 1 KiB SEND_MESSAGE_V2 handed to a broker connection in one process (mmap, "
+            "ASYNC_FLUSH, no sockets), beside the same transport answering with a constant: "
+            "the Python calls and bytecodes a request runs (the same on any machine) and its "
+            "CPU time in this run."),
+    )
+    p.add_argument("--messages", type=int, default=20_000,
+                   help="requests each path times (default: 20000)")
+    p.add_argument("--traced", type=int, default=200,
+                   help="requests each path counts under sys.settrace (default: 200)")
+    p.add_argument("--size", type=int, default=1024, help="body bytes (default: 1024)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="scratch directory for the broker's store (default: a temporary "
+                        "directory), removed after")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_bench_path, log_level_default="warning")
+
+
+def _cmd_bench_path(args: argparse.Namespace) -> int:
+    from evq.bench.path import PathBenchOptions, format_report, run_path_bench
+
+    try:
+        opts = PathBenchOptions(messages=args.messages, traced=args.traced, size=args.size,
+                                data=args.data)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = run_path_bench(opts)
+    words = [PROG, "bench", "path", "--messages", str(args.messages), "--traced",
+             str(args.traced), "--size", str(args.size)]
+    return _print_bench(result, format_report, _rerun_line(words, args), args)
+
+
 # --- evq bench embedded ---------------------------------------------------------------------
 
 
@@ -970,6 +1009,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_bench_compare(benches)
     _add_bench_spark(benches)
     _add_bench_embedded(benches)
+    _add_bench_path(benches)
 
 
 def build_parser() -> argparse.ArgumentParser:

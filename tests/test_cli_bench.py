@@ -275,3 +275,34 @@ def test_bench_embedded_without_eventsourcing_measures_evq_alone_and_says_so(
     assert "evq alone" in proc.stdout
     assert re.search(r"a fresh page-cache page cost [\d.]+ us a 4 KiB page", proc.stdout)
     assert re.search(r"batch \(32 per call\)\s+[\d,]+\s+-\s+-", proc.stdout), proc.stdout
+
+
+def test_bench_path_counts_a_send_against_the_transports_floor(tmp_path: Path) -> None:
+    runs = []
+    for _ in range(2):
+        proc = _evq("bench", "path", "--messages", "500", "--traced", "20",
+                    "--data", str(tmp_path), "--json")
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 1, proc.stdout
+        runs.append(json.loads(lines[0]))
+    out = runs[0]
+    send, floor = out["send"], out["floor"]
+    assert 0 < floor["calls"] < send["calls"] and 0 < floor["bytecodes"] < send["bytecodes"]
+    assert send["cpu_us"] > 0 and floor["cpu_us"] > 0
+    assert out["ratios"]["bytecodes"] == send["bytecodes"] / floor["bytecodes"]
+    # What the run counts does not move with the machine's speed, as rates do twofold: a
+    # second run counts within a percent (a store time crossing a millisecond takes a branch).
+    for path in ("send", "floor"):
+        for figure in ("calls", "bytecodes"):
+            first, second = (r[path][figure] for r in runs)
+            assert abs(second - first) <= 0.01 * first, (path, figure, first, second)
+    assert out["rerun"] == (f"evq bench path --messages 500 --traced 20 --size 1024 "
+                            f"--data {tmp_path} --json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_path_refuses_nothing_to_count() -> None:
+    proc = _evq("bench", "path", "--traced", "0")
+    assert proc.returncode != 0
+    assert "messages and traced must be positive" in proc.stderr
