@@ -33,19 +33,15 @@ import attrs
 
 from evq.bench.scaffold import scratch
 from evq.bench.store import BenchError
+from evq.client.producer import send_command
 from evq.domain.clock import SYSTEM_CLOCK
 from evq.domain.codes import ResponseCode
 from evq.domain.ids import new_uniq_key
-from evq.domain.message import encode_properties, new_message
+from evq.domain.message import Prop, new_message
+from evq.domain.queues import MessageQueue
 from evq.net.broker import BrokerServer
 from evq.net.codes import RequestCode
-from evq.net.protocol import (
-    EVQ_LANGUAGE,
-    EVQ_VERSION,
-    FrameDecoder,
-    RemotingCommand,
-    SerializeType,
-)
+from evq.net.protocol import FrameDecoder, RemotingCommand
 from evq.net.transport import Connection, Dispatcher, Reply, TransportConfig, run
 from evq.settings import build
 
@@ -131,16 +127,12 @@ class _Sink(asyncio.Transport):
 
 
 def send_frame(size: int) -> bytes:
-    """A single send of a ``size``-byte body, as evq's producer frames it."""
-    now = int(time.time() * 1000)
+    """A single send of a ``size``-byte body, framed as evq's producer frames it."""
     msg = new_message(TOPIC, bytes(size))
-    msg.properties["UNIQ_KEY"] = new_uniq_key(now)
-    fields = {"a": "BenchPathProducer", "b": TOPIC, "c": "TBW102", "d": "4", "e": "0",
-              "f": "0", "g": str(now), "h": "0", "i": encode_properties(msg.properties),
-              "j": "0", "k": "false"}
-    return bytes(RemotingCommand.direct(RequestCode.SEND_MESSAGE_V2, EVQ_LANGUAGE, EVQ_VERSION,
-                                        1, 0, None, fields, msg.body, SerializeType.JSON
-                                        ).encode())
+    msg.born_timestamp = SYSTEM_CLOCK.now_ms()
+    msg.properties[Prop.UNIQ_KEY] = new_uniq_key(msg.born_timestamp)
+    return bytes(send_command("BenchPathProducer", MessageQueue(TOPIC, "broker", 0), [msg],
+                              batch=False).encode())
 
 
 def run_path_bench(opts: PathBenchOptions) -> PathBenchResult:

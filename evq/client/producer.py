@@ -285,7 +285,7 @@ class Producer:
         _, pool = self._started()
         route, queues = await self._publishing(msg.topic)
         queue = select_queue(queues, next(self._counter), self._faults)
-        cmd = self._request(queue, [msg], batch=False)
+        cmd = send_command(self.group, queue, [msg], batch=False)
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
 
     def _prepare(self, *msgs: Message) -> None:
@@ -331,7 +331,7 @@ class Producer:
         addr = self._master(route.master(queue.broker_name), queue)
         if addr not in self._greeted:
             await self._heartbeat_to(addr)
-        cmd = self._request(queue, msgs, batch=batch)
+        cmd = send_command(self.group, queue, msgs, batch=batch)
         started = self._clock.monotonic()
         try:
             answer = await pool.invoke(addr, cmd, self.send_timeout)
@@ -358,31 +358,6 @@ class Producer:
             raise SendFailed(f"broker {queue.broker_name!r} has no master in the route")
         return addr
 
-    def _request(self, queue: MessageQueue, msgs: list[Message], *, batch: bool
-                 ) -> RemotingCommand:
-        first = msgs[0]
-        if batch:
-            # The broker compresses each entry itself; a batch goes out uncompressed.
-            body = encode_batch(attrs.evolve(m, body=m.payload()) if m.sysflag & sf.COMPRESSED
-                                else m for m in msgs)
-            sysflag, props = 0, ""
-        else:
-            body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
-        # Built as the strings the header carries and handed to the command as they are.
-        fields = {
-            "a": self.group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
-            "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
-            "g": str(first.born_timestamp), "h": str(first.flag), "i": props,
-            "j": str(first.reconsume_times), "k": "false",
-        }
-        if batch:
-            fields["m"] = "true"
-        if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
-            # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
-            fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
-        return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
-                                      EVQ_VERSION, 0, 0, None, fields, body, SerializeType.JSON)
-
     def _started(self) -> tuple[Routes, BrokerPool]:
         if self._routes is None or self._pool is None:
             raise NotStarted(f"producer {self.group!r} is not started")
@@ -392,3 +367,32 @@ class Producer:
         if self._supervisor is None:
             raise NotStarted(f"producer {self.group!r} is not started")
         return self._supervisor
+
+
+def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch: bool
+                 ) -> RemotingCommand:
+    """The SEND_MESSAGE_V2 (or SEND_BATCH_MESSAGE) a producer of ``group`` sends for
+    ``msgs`` (stamped already: UNIQ_KEY, birth time) to ``queue``; its opaque is the
+    connection's to set."""
+    first = msgs[0]
+    if batch:
+        # The broker compresses each entry itself; a batch goes out uncompressed.
+        body = encode_batch(attrs.evolve(m, body=m.payload()) if m.sysflag & sf.COMPRESSED
+                            else m for m in msgs)
+        sysflag, props = 0, ""
+    else:
+        body, sysflag, props = first.body, first.sysflag, encode_properties(first.properties)
+    # Built as the strings the header carries and handed to the command as they are.
+    fields = {
+        "a": group, "b": queue.topic, "c": tp.AUTO_CREATE_TOPIC, "d": "4",
+        "e": str(queue.queue_id), "f": str(sysflag & (sf.COMPRESSED | sf.TRANSACTION_MASK)),
+        "g": str(first.born_timestamp), "h": str(first.flag), "i": props,
+        "j": str(first.reconsume_times), "k": "false",
+    }
+    if batch:
+        fields["m"] = "true"
+    if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
+        # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
+        fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
+    return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
+                                  EVQ_VERSION, 0, 0, None, fields, body, SerializeType.JSON)

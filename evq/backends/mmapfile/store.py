@@ -508,8 +508,7 @@ class MmapMessageLog(StoreShell):
             if indexed:
                 self._put_index(indexed, now)
             self._dispatched = end
-            if end >= self._warm_at:  # _warm_ahead's test, without its frame every append
-                self._warm_ahead(mf, pos)
+            self._warm_ahead(mf, pos)
             if notify:
                 if self._committer is not None:  # announced once they are in the file
                     self._committer.defer(end, notify)

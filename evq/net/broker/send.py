@@ -119,27 +119,29 @@ async def replicated(ctx: BrokerContext, stored: Stored) -> Stored:
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     def send(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
-        """Answers at once in the common case (a put on the loop, nothing to wait for)."""
+        """Answers at once in the common case: a put on the loop, nothing to wait for."""
         h = send_header.parse(cmd.code, cmd.version, cmd.ext_fields)
-        core, body = ctx.core, cmd.body
+        core, born_host, body = ctx.core, parse_host(conn.peer), cmd.body
         writes = core.put_writes_metadata(h.topic)  # creating a topic or group: waits on disk
-        if (writes or ctx.puts.busy or (h.batch and len(body) >= execution.LARGE_WORK)
-                or ctx.durable is not None or ctx.replicated is not None):
-            return send_later(h, body, parse_host(conn.peer), cmd, writes)
-        return answer(cmd, put_request(core, h, body, parse_host(conn.peer)))
-
-    async def send_later(h: SendHeader, body: bytes, born_host: Host, cmd: RemotingCommand,
-                         writes: bool) -> Reply:
-        core = ctx.core
         if writes or (h.batch and len(body) >= execution.LARGE_WORK):
             put = put_large_request if h.batch else put_request
-            stored = await ctx.puts.off_loop(lambda: put(core, h, body, born_host))
-            if writes:
-                ctx.topics_changed()
-        elif ctx.puts.busy:  # after the large put before it
-            stored = await ctx.puts.inline(lambda: put_request(core, h, body, born_host))
-        else:
-            stored = put_request(core, h, body, born_host)
+            return answer_later(cmd, ctx.puts.off_loop(lambda: put(core, h, body, born_host)),
+                                topics_changed=writes)
+        if ctx.puts.busy:  # after the large put before it
+            return answer_later(cmd, ctx.puts.inline(
+                lambda: put_request(core, h, body, born_host)))
+        stored = put_request(core, h, body, born_host)
+        if ctx.durable is None and ctx.replicated is None:
+            return answer(cmd, stored)
+        return answer_later(cmd, stored)
+
+    async def answer_later(cmd: RemotingCommand, put: Awaitable[Stored] | Stored, *,
+                           topics_changed: bool = False) -> Reply:
+        """The answer once the put is done (``put``: a put still to run, or its result) and
+        the flush policy and the slaves allow it."""
+        stored = put if isinstance(put, Stored) else await put
+        if topics_changed:
+            ctx.topics_changed()
         return answer(cmd, await replicated(ctx, await durable(ctx, stored)))
 
     def answer(cmd: RemotingCommand, stored: Stored) -> RemotingCommand:
