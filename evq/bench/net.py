@@ -52,8 +52,8 @@ from evq.domain.codes import ResponseCode
 from evq.domain.message import Message, encode_properties
 from evq.domain.record import encode_batch, peek
 from evq.domain.topics import AUTO_CREATE_TOPIC
-from evq.net.broker.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, PullRequest, PullResponse
 from evq.net.protocol import MAX_FRAME, RemotingCommand
 from evq.net.transport import RemotingClient, run
 
@@ -259,15 +259,14 @@ async def consume_queue(
     """Pull ``queue_id`` from 0 to ``end``, committing as it goes; messages received."""
     offset = received = 0
     while offset < end:
-        answer = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-            "consumerGroup": CONSUMER_GROUP, "topic": topic, "queueId": queue_id,
-            "queueOffset": offset, "maxMsgNums": PULL_BATCH,
-            "sysFlag": FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET, "commitOffset": offset,
-            "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0,
-        }), REQUEST_TIMEOUT_S)
+        answer = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest(
+            consumer_group=CONSUMER_GROUP, topic=topic, queue_id=queue_id, queue_offset=offset,
+            max_msg_nums=PULL_BATCH, sys_flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET,
+            commit_offset=offset, suspend_timeout_millis=0,
+        ).fields()), REQUEST_TIMEOUT_S)
         _expect(answer, f"pull of queue {queue_id} at {offset}")
         got = count_records(answer.body)
-        next_offset = answer.get_long("nextBeginOffset")
+        next_offset = PullResponse.read(answer.ext_fields).next_begin_offset
         if got == 0 or next_offset - offset != got:
             raise BenchError(f"pull of queue {queue_id} at {offset}: {got} records, next "
                              f"offset {next_offset}")

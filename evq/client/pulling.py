@@ -20,11 +20,15 @@ from evq.domain.message import Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.record import RecordError, decode_records
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import (
+    FLAG_COMMIT_OFFSET,
+    FLAG_SUBSCRIPTION,
+    FLAG_SUSPEND,
+    PullRequest,
+    PullResponse,
+)
 from evq.net.protocol import HeaderFieldError, RemotingCommand
 
-FLAG_COMMIT_OFFSET: Final = 1
-FLAG_SUSPEND: Final = 2
-FLAG_SUBSCRIPTION: Final = 4
 SUSPEND_MS: Final = 15_000
 LONG_POLL_TIMEOUT_S: Final = 30.0
 """Socket timeout of a parked pull: well above the broker's hold (at most 25 s)."""
@@ -71,13 +75,11 @@ def pull_request(group: str, queue: MessageQueue, offset: int, sub: Subscription
     flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
     if commit_offset > 0:
         flags |= FLAG_COMMIT_OFFSET
-    # Built as the strings the header carries, so the codec has nothing to convert.
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id),
-        "queueOffset": str(offset), "maxMsgNums": str(max_nums), "sysFlag": str(flags),
-        "commitOffset": str(max(commit_offset, 0)), "suspendTimeoutMillis": str(suspend_ms),
-        "subscription": sub.expression, "subVersion": str(sub.version),
-        "expressionType": sub.expression_type})
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest(
+        consumer_group=group, topic=queue.topic, queue_id=queue.queue_id, queue_offset=offset,
+        max_msg_nums=max_nums, sys_flag=flags, commit_offset=max(commit_offset, 0),
+        suspend_timeout_millis=suspend_ms, subscription=sub.expression,
+        sub_version=sub.version, expression_type=sub.expression_type).fields())
 
 
 def restore_topic(msg: Message) -> Message:
@@ -94,14 +96,12 @@ def parse_pull(answer: RemotingCommand, sub: Subscription) -> PullResult:
     if status is None:
         raise BrokerRefused(answer.code, answer.remark, "pull")
     try:
-        next_offset = answer.get_long("nextBeginOffset")
-        lo, hi = answer.get_long("minOffset", 0), answer.get_long("maxOffset", 0)
-        suggest = answer.get_long("suggestWhichBrokerId", 0)
+        h = PullResponse.read(answer.ext_fields)
         found = decode_records(answer.body) if status is PullStatus.FOUND else []
     except (HeaderFieldError, RecordError) as exc:
         raise ClientError(f"unreadable pull answer: {exc}") from None
-    return PullResult(status, next_offset, lo, hi, restored(matching(found, sub.tags())),
-                      suggest)
+    return PullResult(status, h.next_begin_offset, h.min_offset, h.max_offset,
+                      restored(matching(found, sub.tags())), h.suggest_which_broker_id)
 
 
 def restored(msgs: list[Message]) -> list[Message]:

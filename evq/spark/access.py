@@ -34,6 +34,7 @@ from evq.client.pulling import PullStatus, Subscription, pull_request
 from evq.domain import topics as tp
 from evq.domain.log import LogLocked, MessageLog
 from evq.domain.queues import MessageQueue
+from evq.net.headers.pull import PullResponse
 from evq.net.security import ClientSecurity
 from evq.spark.options import OptionError, QueueKey, SourceOptions
 
@@ -115,15 +116,15 @@ class LiveAccess:
                 status = PullStatus(answer.code)
             except ValueError:
                 raise BrokerRefused(answer.code, answer.remark, "pull") from None
-            next_offset = answer.get_long("nextBeginOffset")
+            h = PullResponse.read(answer.ext_fields)
+            next_offset = h.next_begin_offset
             if status is not PullStatus.FOUND:
                 if status is PullStatus.NO_MATCHED_MSG and next_offset > offset:
                     offset = next_offset
                     continue
                 raise OSError(f"{mq.topic}:{mq.broker_name}:{mq.queue_id} has no messages "
                               f"{offset}..{end - 1} any more ({status.name}; the queue holds "
-                              f"{answer.get_long('minOffset', 0)}.."
-                              f"{answer.get_long('maxOffset', 0) - 1})")
+                              f"{h.min_offset}..{h.max_offset - 1})")
             yield answer.body
             offset = next_offset
 

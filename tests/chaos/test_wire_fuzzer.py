@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from evq.domain import sysflag as sf
 from evq.domain.codes import ResponseCode
 from evq.domain.record import encode_batch
-from evq.net.broker.pull import FLAG_SUSPEND
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import FLAG_SUSPEND
 from evq.net.protocol import MAX_FRAME, FrameDecoder, RemotingCommand
 from evq.net.send_header import V2_NAMES
 from evq.net.transport import RemotingClient, run

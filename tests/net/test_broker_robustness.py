@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from evq.domain.codes import ResponseCode
 from evq.domain.message import Message, Prop, encode_properties, new_message
 from evq.domain.record import encode_batch, iter_records
-from evq.net.broker.pull import FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from evq.net.protocol import MAX_FRAME, FrameDecoder, RemotingCommand
 from evq.net.send_header import V2_NAMES
 from evq.net.transport import RemotingClient, run

@@ -17,8 +17,8 @@ from evq.domain.codes import ResponseCode
 from evq.domain.log import FlushMode
 from evq.domain.message import encode_properties
 from evq.domain.record import iter_records
-from evq.net.broker.pull import FLAG_SUBSCRIPTION
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import FLAG_SUBSCRIPTION
 from evq.net.transport import RemotingClient
 from tests.net.harness import broker
 from tests.net.test_broker_server import call, send_fields

@@ -7,24 +7,27 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.filters import FilterError, Subscription, parse_subscription
 from evq.net.broker.context import BrokerContext
 from evq.net.codes import RequestCode
+from evq.net.headers.pull import (
+    FLAG_COMMIT_OFFSET,
+    FLAG_SUBSCRIPTION,
+    FLAG_SUSPEND,
+    PullRequest,
+    PullResponse,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 
-FLAG_COMMIT_OFFSET = 1
-FLAG_SUSPEND = 2
-FLAG_SUBSCRIPTION = 4
 MAX_SUSPEND_S = 25.0  # both clients time a pull out at 30 s
 
 
-def subscription_of(ctx: BrokerContext, cmd: RemotingCommand, group: str, topic: str
-                    ) -> Subscription:
+def subscription_of(ctx: BrokerContext, h: PullRequest) -> Subscription:
     """The request's own expression when it carries one (both stock clients do), else the
     one the group's heartbeat registered."""
-    if cmd.get_int("sysFlag", 0) & FLAG_SUBSCRIPTION:
+    group, topic = h.consumer_group, h.topic
+    if h.sys_flag & FLAG_SUBSCRIPTION:
         try:
-            return parse_subscription(topic, cmd.get_str("subscription", "*"),
-                                      cmd.get_str("expressionType", "TAG") or "TAG",
-                                      cmd.get_long("subVersion", 0))
+            return parse_subscription(topic, h.subscription, h.expression_type or "TAG",
+                                      h.sub_version)
         except FilterError as exc:
             raise BrokerError(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc)) from None
     registered = ctx.membership.subscription(group, topic)
@@ -41,21 +44,20 @@ def answer(ctx: BrokerContext, cmd: RemotingCommand, r: PullResult) -> RemotingC
         stats.pulls_found += 1
     else:
         stats.pulls_missed += 1
-    return cmd.response(r.code, r.status.value, {  # strings already: no coercion per field
-        "suggestWhichBrokerId": str(r.suggest_which_broker_id),
-        "nextBeginOffset": str(r.next_begin_offset),
-        "minOffset": str(r.min_offset), "maxOffset": str(r.max_offset),
-    }, b"".join(r.records))
+    return cmd.response(r.code, r.status.value, PullResponse(
+        next_begin_offset=r.next_begin_offset, min_offset=r.min_offset,
+        max_offset=r.max_offset, suggest_which_broker_id=r.suggest_which_broker_id,
+    ).fields(), b"".join(r.records))
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     async def pull(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        group, topic = cmd.get_str("consumerGroup"), cmd.get_str("topic")
-        queue_id, offset = cmd.get_int("queueId"), cmd.get_long("queueOffset")
-        flags = cmd.get_int("sysFlag", 0)
-        max_count = max(1, min(cmd.get_int("maxMsgNums", 32), 1024))
-        sub = subscription_of(ctx, cmd, group, topic)
-        commit = cmd.get_long("commitOffset", -1) if flags & FLAG_COMMIT_OFFSET else None
+        h = PullRequest.read(cmd.ext_fields)
+        group, topic, queue_id, offset = h.consumer_group, h.topic, h.queue_id, h.queue_offset
+        flags = h.sys_flag
+        max_count = max(1, min(h.max_msg_nums, 1024))
+        sub = subscription_of(ctx, h)
+        commit = h.commit_offset if flags & FLAG_COMMIT_OFFSET else None
         if ctx.core.pull_writes_metadata(group):  # a new group is recorded: off the loop
             await ctx.blocking(ctx.core.ensure_group, group)
             await conn.writable()
@@ -63,7 +65,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
                           subscription=sub, commit_offset=commit)
         if r.code is not ResponseCode.PULL_NOT_FOUND or not flags & FLAG_SUSPEND:
             return answer(ctx, cmd, r)
-        timeout = min(cmd.get_long("suspendTimeoutMillis", 15_000) / 1000, MAX_SUSPEND_S)
+        timeout = min(h.suspend_timeout_millis / 1000, MAX_SUSPEND_S)
 
         def arrived() -> bool:
             return ctx.core.log.bounds(topic, queue_id)[1] > offset
