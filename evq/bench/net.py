@@ -259,11 +259,12 @@ async def consume_queue(
     """Pull ``queue_id`` from 0 to ``end``, committing as it goes; messages received."""
     offset = received = 0
     while offset < end:
-        answer = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest(
+        fields = PullRequest.write(
             consumer_group=CONSUMER_GROUP, topic=topic, queue_id=queue_id, queue_offset=offset,
             max_msg_nums=PULL_BATCH, sys_flag=FLAG_SUBSCRIPTION | FLAG_COMMIT_OFFSET,
-            commit_offset=offset, suspend_timeout_millis=0,
-        ).fields()), REQUEST_TIMEOUT_S)
+            commit_offset=offset, suspend_timeout_millis=0)
+        answer = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, fields),
+                                     REQUEST_TIMEOUT_S)
         _expect(answer, f"pull of queue {queue_id} at {offset}")
         got = count_records(answer.body)
         next_offset = PullResponse.read(answer.ext_fields).next_begin_offset

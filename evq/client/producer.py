@@ -41,6 +41,7 @@ from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
 from evq.net.codes import RequestCode
+from evq.net.headers.send import SendResponse
 from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
 from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, Handler, TransportError
@@ -346,11 +347,10 @@ class Producer:
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
         msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
                   else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
-        queue_id = answer.get_int("queueId", queue.queue_id)
-        if queue_id != queue.queue_id:
-            queue = MessageQueue(queue.topic, queue.broker_name, queue_id)
-        return SendResult(status, msg_id, answer.get_str("msgId", ""), queue,
-                          answer.get_long("queueOffset", -1))
+        h = SendResponse.read(answer.ext_fields)
+        if h.queue_id is not None and h.queue_id != queue.queue_id:
+            queue = MessageQueue(queue.topic, queue.broker_name, h.queue_id)
+        return SendResult(status, msg_id, h.msg_id, queue, h.queue_offset)
 
     @staticmethod
     def _master(addr: str | None, queue: MessageQueue) -> str:

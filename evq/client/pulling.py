@@ -75,11 +75,11 @@ def pull_request(group: str, queue: MessageQueue, offset: int, sub: Subscription
     flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
     if commit_offset > 0:
         flags |= FLAG_COMMIT_OFFSET
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest(
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest.write(
         consumer_group=group, topic=queue.topic, queue_id=queue.queue_id, queue_offset=offset,
         max_msg_nums=max_nums, sys_flag=flags, commit_offset=max(commit_offset, 0),
         suspend_timeout_millis=suspend_ms, subscription=sub.expression,
-        sub_version=sub.version, expression_type=sub.expression_type).fields())
+        sub_version=sub.version, expression_type=sub.expression_type))
 
 
 def restore_topic(msg: Message) -> Message:

@@ -71,7 +71,7 @@ def test_a_header_reads_back_what_it_wrote_through_a_frame(
     cls: type[Header], data: st.DataObject, serialize_type: SerializeType
 ) -> None:
     h = data.draw(instances(cls))
-    fields = h.fields()
+    fields = cls.write(**attrs.asdict(h))
     assert all(isinstance(v, str) for v in fields.values())
     sent = attrs.evolve(RemotingCommand.request(10, fields), serialize_type=serialize_type)
     decoder = FrameDecoder()
@@ -106,8 +106,16 @@ class Sample(Header):
 def test_defaults_fill_absent_fields_and_none_is_left_out() -> None:
     s = Sample.read({"name": "n", "count": "3", "group": "", "unknown": "kept out"})
     assert s == Sample(name="n", count=3)
-    assert s.fields() == {"name": "n", "count": "3", "offset": "-1", "isForce": "true"}
-    assert Sample(name="n", count=3, group="g", limit=7).fields()["limit"] == "7"
+    assert Sample.write(name="n", count=3) == {"name": "n", "count": "3", "offset": "-1",
+                                               "isForce": "true"}
+    assert Sample.write(name="n", count=3, group="g", limit=7)["limit"] == "7"
+
+
+def test_writing_takes_the_attributes_names_and_needs_the_required_ones() -> None:
+    with pytest.raises(TypeError, match="count"):
+        Sample.write(name="n")
+    with pytest.raises(TypeError, match="isForce"):
+        Sample.write(name="n", count=1, isForce=False)
 
 
 @pytest.mark.parametrize(("field", "text", "kind"), [

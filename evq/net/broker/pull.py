@@ -44,10 +44,10 @@ def answer(ctx: BrokerContext, cmd: RemotingCommand, r: PullResult) -> RemotingC
         stats.pulls_found += 1
     else:
         stats.pulls_missed += 1
-    return cmd.response(r.code, r.status.value, PullResponse(
+    return cmd.response(r.code, r.status.value, PullResponse.write(
         next_begin_offset=r.next_begin_offset, min_offset=r.min_offset,
         max_offset=r.max_offset, suggest_which_broker_id=r.suggest_which_broker_id,
-    ).fields(), b"".join(r.records))
+    ), b"".join(r.records))
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:

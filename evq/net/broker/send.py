@@ -18,6 +18,7 @@ from evq.domain.sent import SentEntry, sent_batch
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
+from evq.net.headers.send import SendResponse
 from evq.net.protocol import RemotingCommand
 from evq.net.send_header import SendHeader
 from evq.net.transport import Connection, Handler, Reply
@@ -152,11 +153,9 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.stats.puts_refused += 1
         if stored.msg_id is None:
             return cmd.response(stored.code, ctx.core.refusal_remark(stored.status))
-        return cmd.response(stored.code, None, {  # strings already: no coercion per field
-            "msgId": stored.msg_id, "queueId": str(stored.queue_id),
-            "queueOffset": str(stored.queue_offset), "MSG_REGION": "DefaultRegion",
-            "TRACE_ON": "true",
-        })
+        return cmd.response(stored.code, None, SendResponse.write(
+            msg_id=stored.msg_id, queue_id=stored.queue_id, queue_offset=stored.queue_offset,
+        ))
 
     return {RequestCode.SEND_MESSAGE: send, RequestCode.SEND_MESSAGE_V2: send,
             RequestCode.SEND_BATCH_MESSAGE: send}

@@ -6,20 +6,22 @@ value a string.  Each header evq speaks is declared once, in a module of this pa
 for the requests it belongs to, as a :class:`Header` subclass made by :func:`header`: its
 fields are :func:`wire` fields, each naming the Java field it travels as and its kind (a
 string, a Java ``int`` or ``long``, a boolean) and its default when the peer leaves it out.
-Client and server use the same declaration: the side that sends builds the header and sends
-``h.fields()``; the side that receives calls ``Kind.read(cmd.ext_fields)`` once and reads
-typed attributes.  A field name spelled twice, or a default that the two sides disagree on,
-cannot happen.
+Client and server use the same declaration: the side that sends writes the header's fields
+with ``SomeHeader.write(field=value, ...)``; the side that receives calls
+``SomeHeader.read(cmd.ext_fields)`` once and reads typed attributes.  A field name spelled
+twice, or a default that the two sides disagree on, cannot happen.
 
 Reading is RocketMQ's header decoding: a required field that is absent is refused as
 ``the custom field <name> is null``, a value that does not parse as its kind is refused
 naming the field (both :class:`~evq.net.protocol.HeaderFieldError`, answered SYSTEM_ERROR with
 that remark), and fields the declaration does not name are ignored (newer clients send more).
-Writing leaves out fields whose value is ``None``, as Java leaves out null fields.
+Writing spells each value as the peer reads it and leaves out fields whose value is ``None``,
+as Java leaves out null fields; it makes no header object, since a sender has no use for one.
 
 Both directions are generated per class when it is declared (as attrs generates
 ``__init__``): straight-line code a field at a time, as fast as a hand-written dict literal,
-because some of these headers are read and written on every request of the hot path.
+because some of these headers are read or written on every request of the hot path (a send's
+answer).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def wire(name: str, kind: Kind = Kind.STR, *, default: Any = REQUIRED,
 class Header:
     """A header declared with :func:`header`.
 
-    ``read`` and ``fields`` are replaced on each declared class by code generated for its
+    ``read`` and ``write`` are replaced on each declared class by code generated for its
     fields; the definitions here only give them their types.
     """
 
@@ -100,9 +102,12 @@ class Header:
         does not parse."""
         raise TypeError(f"{cls.__name__} is not declared with header()")
 
-    def fields(self) -> dict[str, str]:
-        """The header as ``extFields``: every value a string, ``None`` values left out."""
-        raise TypeError(f"{type(self).__name__} is not declared with header()")
+    @classmethod
+    def write(cls, **values: Any) -> dict[str, str]:
+        """The ``extFields`` of a header of these values (keyword arguments named as its
+        attributes; those left out take their defaults): every value a string, ``None``
+        values left out."""
+        raise TypeError(f"{cls.__name__} is not declared with header()")
 
 
 H = TypeVar("H", bound=type[Header])
@@ -110,11 +115,13 @@ H = TypeVar("H", bound=type[Header])
 
 def header(cls: H) -> H:
     """Declare ``cls`` (a :class:`Header` subclass of :func:`wire` fields) a header: a
-    frozen, slotted attrs class whose fields are keyword-only, with its ``read`` and
-    ``fields`` generated."""
+    slotted attrs class whose fields are keyword-only, with its ``read`` and ``write``
+    generated.  Not frozen, as a header read on every request is made by storing its slots
+    (a frozen class's would each go through ``object.__setattr__``); nothing changes one once
+    it is read."""
     if not issubclass(cls, Header):
         raise TypeError(f"{cls.__name__} must subclass Header")
-    made: Any = attrs.frozen(slots=True, kw_only=True)(cls)
+    made: Any = attrs.define(slots=True, kw_only=True)(cls)
     wires = []
     for a in attrs.fields(made):
         w = a.metadata.get(_WIRE)
@@ -123,7 +130,7 @@ def header(cls: H) -> H:
         wires.append((a.name, w))
     made.wires = tuple(wires)
     made.read = staticmethod(_reader(made, attrs.fields(made)))
-    made.fields = _writer(made, attrs.fields(made))
+    made.write = staticmethod(_writer(made, attrs.fields(made)))
     return made  # type: ignore[no-any-return]
 
 
@@ -133,9 +140,10 @@ def _null(name: str) -> HeaderFieldError:
 
 def _reader(cls: type[Header], fields: tuple[attrs.Attribute[Any], ...]
             ) -> Callable[[Mapping[str, str]], Any]:
-    env: dict[str, object] = {"cls": cls, "null": _null}
-    lines = ["def read(fields):"]
-    args = []
+    # The instance is made without __init__, each slot stored as it is read: a header of a
+    # hot request is read on every one of them, and keyword matching would double the cost.
+    env: dict[str, object] = {"new": object.__new__, "cls": cls, "null": _null}
+    lines = ["def read(fields):", "    h = new(cls)"]
     for i, a in enumerate(fields):
         w: Wire = a.metadata[_WIRE]
         parser = _PARSERS[w.kind]
@@ -145,29 +153,33 @@ def _reader(cls: type[Header], fields: tuple[attrs.Attribute[Any], ...]
         lines.append(f"    v = fields.get({w.name!r})")
         if a.default is REQUIRED:
             lines += [f"    if {absent}:", f"        raise null({w.name!r})",
-                      f"    a{i} = {value}"]
+                      f"    h.{a.name} = {value}"]
         else:
-            lines.append(f"    a{i} = default{i} if {absent} else {value}")
-        args.append(f"{a.name}=a{i}")
-    lines.append(f"    return cls({', '.join(args)})")
+            lines.append(f"    h.{a.name} = default{i} if {absent} else {value}")
+    lines.append("    return h")
     return _compiled(cls, "read", lines, env)
 
 
 def _writer(cls: type[Header], fields: tuple[attrs.Attribute[Any], ...]
-            ) -> Callable[[Any], dict[str, str]]:
-    always, optional = [], []
-    for a in fields:
+            ) -> Callable[..., dict[str, str]]:
+    env: dict[str, object] = {}
+    params, always, optional = [], [], []
+    for i, a in enumerate(fields):
         w: Wire = a.metadata[_WIRE]
-        text = {Kind.STR: f"self.{a.name}",
-                Kind.BOOL: f"('true' if self.{a.name} else 'false')"}.get(
-                    w.kind, f"str(self.{a.name})")
+        if a.default is REQUIRED:
+            params.append(a.name)
+        else:
+            env[f"default{i}"] = a.default
+            params.append(f"{a.name}=default{i}")
+        text = {Kind.STR: a.name, Kind.BOOL: f"('true' if {a.name} else 'false')"}.get(
+            w.kind, f"str({a.name})")
         (optional if a.default is None else always).append((a.name, w.name, text))
-    lines = ["def fields(self):",
+    lines = [f"def write(*, {', '.join(params)}):",
              "    out = {" + ", ".join(f"{name!r}: {text}" for _, name, text in always) + "}"]
     for attr, name, text in optional:
-        lines += [f"    if self.{attr} is not None:", f"        out[{name!r}] = {text}"]
+        lines += [f"    if {attr} is not None:", f"        out[{name!r}] = {text}"]
     lines.append("    return out")
-    return _compiled(cls, "fields", lines, {})
+    return _compiled(cls, "write", lines, env)
 
 
 def _compiled(cls: type[Header], name: str, lines: list[str], env: dict[str, object]
