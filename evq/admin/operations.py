@@ -27,6 +27,7 @@ from evq.domain.queues import MessageQueue
 from evq.domain.record import decode, iter_records, parse_offset_msg_id
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.namesrv import DeleteTopicFromNamesrvRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.routes import MASTER_ID
 from evq.net.security import ClientSecurity
@@ -173,10 +174,8 @@ class Admin:
         for row in self._progress(rows, "deleteTopic"):
             await self._broker(row.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic},
                                f"delete topic {topic!r}")
-        fields: dict[str, object] = {"topic": topic}
-        if cluster is not None:
-            fields["clusterName"] = cluster
-        await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, fields, "delete topic")
+        await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, DeleteTopicFromNamesrvRequest(
+            topic=topic, cluster_name=cluster).fields(), "delete topic")
         return rows
 
     async def topic_status(self, topic: str) -> list[QueueStatus]:
@@ -342,7 +341,7 @@ class Admin:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    async def _namesrv(self, code: RequestCode, fields: dict[str, object], what: str
+    async def _namesrv(self, code: RequestCode, fields: dict[str, str], what: str
                        ) -> RemotingCommand:
         answer = await self._routes.ask(RemotingCommand.request(code, fields), what)
         return _check(answer, what)

@@ -23,6 +23,7 @@ from evq.domain.codes import ResponseCode
 from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.namesrv import GetRouteInfoRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.routes import MASTER_ID, QueueData
 from evq.net.security import ClientSecurity
@@ -198,7 +199,8 @@ class Routes:
     async def lookup(self, topic: str) -> TopicRoute:
         """The route as the name servers know it now (not cached)."""
         answer = await self.ask(RemotingCommand.request(
-            RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), f"topic {topic!r}")
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequest(topic=topic).fields()),
+            f"topic {topic!r}")
         if answer.code == ResponseCode.TOPIC_NOT_EXIST:
             raise RouteNotFound(f"no route for topic {topic!r}: {answer.remark}")
         if answer.code != ResponseCode.SUCCESS:

@@ -32,9 +32,20 @@ from evq.net import execution, fastjson
 from evq.net.acl_check import RefusalLog, decide
 from evq.net.acl_file import AclFile
 from evq.net.codes import RequestCode
+from evq.net.headers.namesrv import (
+    DeleteKVConfigRequest,
+    DeleteTopicFromNamesrvRequest,
+    GetKVConfigRequest,
+    GetKVConfigResponse,
+    GetKVListByNamespaceRequest,
+    GetRouteInfoRequest,
+    GetTopicsByClusterRequest,
+    PutKVConfigRequest,
+    RegisterBrokerRequest,
+    UnRegisterBrokerRequest,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
-    BrokerIdentity,
     RegisterBrokerBody,
     RegisterResult,
     body_crc32,
@@ -191,19 +202,17 @@ class NameServer:
     # --- brokers ------------------------------------------------------------------------------
 
     async def _register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        broker = BrokerIdentity.from_request(cmd)
-        crc = cmd.get_int("bodyCrc32", 0)
-        if crc != 0 and crc != body_crc32(cmd.body):
-            log.warning("register_crc_mismatch", peer=conn.peer, broker=broker.broker_addr)
+        h = RegisterBrokerRequest.read(cmd.ext_fields)
+        if h.body_crc32 != 0 and h.body_crc32 != body_crc32(cmd.body):
+            log.warning("register_crc_mismatch", peer=conn.peer, broker=h.broker_addr)
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "crc32 not match")
         body = await execution.sized(  # a big topic table inflates and parses for ~100 ms
             len(cmd.body), functools.partial(
-                RegisterBrokerBody.decode, cmd.body,
-                compressed=cmd.get_bool("compressed", False), version=cmd.version))
+                RegisterBrokerBody.decode, cmd.body, compressed=h.compressed,
+                version=cmd.version))
         reg = self.routes.register(
-            cluster=broker.cluster, broker_name=broker.broker_name,
-            broker_addr=broker.broker_addr, broker_id=broker.broker_id,
-            ha_server_addr=broker.ha_server_addr, topics=body.topics,
+            cluster=h.cluster_name, broker_name=h.broker_name, broker_addr=h.broker_addr,
+            broker_id=h.broker_id, ha_server_addr=h.ha_server_addr, topics=body.topics,
             now_ms=self._clock.now_ms(), channel=conn)
         if conn not in self._watched:
             self._watched.add(conn)
@@ -213,15 +222,15 @@ class NameServer:
         return cmd.response(fields=result.fields(), body=result.body())
 
     async def _unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        broker = BrokerIdentity.from_request(cmd, with_ha=False)
-        self.routes.unregister(cluster=broker.cluster, broker_name=broker.broker_name,
-                               broker_addr=broker.broker_addr, broker_id=broker.broker_id)
+        h = UnRegisterBrokerRequest.read(cmd.ext_fields)
+        self.routes.unregister(cluster=h.cluster_name, broker_name=h.broker_name,
+                               broker_addr=h.broker_addr, broker_id=h.broker_id)
         return cmd.response()
 
     # --- routes and topics ------------------------------------------------------------------
 
     async def _get_route(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic = cmd.get_str("topic")
+        topic = GetRouteInfoRequest.read(cmd.ext_fields).topic
         route = self.routes.route(topic)
         if route is None:
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, no_route_remark(topic))
@@ -235,35 +244,38 @@ class NameServer:
 
     async def _get_topics_by_cluster(self, conn: Connection,
                                      cmd: RemotingCommand) -> RemotingCommand:
-        topics = self.routes.topics_by_cluster(cmd.get_str("cluster"))
+        h = GetTopicsByClusterRequest.read(cmd.ext_fields)
+        topics = self.routes.topics_by_cluster(h.cluster)
         return cmd.response(body=fastjson.dumps({"topicList": topics}).encode())
 
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic = cmd.get_str("topic")
-        self.routes.delete_topic(topic, cmd.get_str("clusterName", None, empty_as_absent=True))
-        log.info("topic_deleted", topic=topic, peer=conn.peer)
+        h = DeleteTopicFromNamesrvRequest.read(cmd.ext_fields)
+        self.routes.delete_topic(h.topic, h.cluster_name)
+        log.info("topic_deleted", topic=h.topic, peer=conn.peer)
         return cmd.response()
 
     # --- KV config --------------------------------------------------------------------------
 
     async def _put_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        self.routes.put_kv(cmd.get_str("namespace"), cmd.get_str("key"), cmd.get_str("value"))
+        h = PutKVConfigRequest.read(cmd.ext_fields)
+        self.routes.put_kv(h.namespace, h.key, h.value)
         return cmd.response()
 
     async def _get_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        namespace, key = cmd.get_str("namespace"), cmd.get_str("key")
-        value = self.routes.get_kv(namespace, key)
+        h = GetKVConfigRequest.read(cmd.ext_fields)
+        value = self.routes.get_kv(h.namespace, h.key)
         if value is None:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
-                              f"No config item, Namespace: {namespace} Key: {key}")
-        return cmd.response(fields={"value": value})
+                              f"No config item, Namespace: {h.namespace} Key: {h.key}")
+        return cmd.response(fields=GetKVConfigResponse(value=value).fields())
 
     async def _delete_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        self.routes.delete_kv(cmd.get_str("namespace"), cmd.get_str("key"))
+        h = DeleteKVConfigRequest.read(cmd.ext_fields)
+        self.routes.delete_kv(h.namespace, h.key)
         return cmd.response()
 
     async def _get_kv_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        namespace = cmd.get_str("namespace")
+        namespace = GetKVListByNamespaceRequest.read(cmd.ext_fields).namespace
         table = self.routes.kv_list(namespace)
         if table is None:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,

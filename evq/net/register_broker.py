@@ -1,7 +1,8 @@
 """REGISTER_BROKER and UNREGISTER_BROKER on the wire, sans-IO: both the broker's side and the
 name server's side of them (§2.3.13).
 
-The request header names the broker (:class:`BrokerIdentity`); the body carries its topic
+The request header names the broker (:class:`BrokerIdentity` makes it:
+:class:`~evq.net.headers.namesrv.RegisterBrokerRequest`); the body carries its topic
 table (:class:`RegisterBrokerBody`), as JSON by default::
 
     {"filterServerList":[],
@@ -47,6 +48,11 @@ from evq.domain.config_json import from_json, to_json
 from evq.domain.topics import TopicConfig, TopicFilterType
 from evq.net import fastjson
 from evq.net.codes import Version
+from evq.net.headers.namesrv import (
+    RegisterBrokerRequest,
+    RegisterBrokerResponse,
+    UnRegisterBrokerRequest,
+)
 from evq.net.protocol import RemotingCommand
 
 INT32 = struct.Struct(">i")
@@ -75,7 +81,8 @@ def body_crc32(body: bytes) -> int:
 
 @attrs.frozen(slots=True, kw_only=True)
 class BrokerIdentity:
-    """Who registers: the header fields of REGISTER_BROKER and UNREGISTER_BROKER."""
+    """Who registers: what the headers of REGISTER_BROKER and UNREGISTER_BROKER say of the
+    broker that sends them."""
 
     cluster: str
     broker_name: str
@@ -85,25 +92,19 @@ class BrokerIdentity:
     ha_server_addr: str = ""
     """``ip:haPort``, where slaves of this broker replicate from."""
 
-    def fields(self, *, with_ha: bool = True) -> dict[str, object]:
-        fields: dict[str, object] = {
-            "brokerAddr": self.broker_addr, "brokerId": self.broker_id,
-            "brokerName": self.broker_name, "clusterName": self.cluster}
-        if with_ha:
-            fields["haServerAddr"] = self.ha_server_addr
-        return fields
+    def register_request(self, *, body_crc32: int = 0, compressed: bool = False
+                         ) -> RegisterBrokerRequest:
+        """The REGISTER_BROKER header of a body as :meth:`RegisterBrokerBody.encode` made it
+        (``compressed``), with its :func:`body_crc32` (0: not checked)."""
+        return RegisterBrokerRequest(
+            cluster_name=self.cluster, broker_name=self.broker_name, broker_id=self.broker_id,
+            broker_addr=self.broker_addr, ha_server_addr=self.ha_server_addr,
+            body_crc32=body_crc32, compressed=compressed)
 
-    @classmethod
-    def from_request(cls, cmd: RemotingCommand, *, with_ha: bool = True) -> BrokerIdentity:
-        """Parse the header; a missing or malformed field is a HeaderFieldError naming it.
-        UNREGISTER_BROKER has no ``haServerAddr`` (``with_ha=False``)."""
-        return cls(
-            cluster=cmd.get_str("clusterName"),
-            broker_name=cmd.get_str("brokerName"),
-            broker_id=cmd.get_long("brokerId"),
-            broker_addr=cmd.get_str("brokerAddr"),
-            ha_server_addr=cmd.get_str("haServerAddr") if with_ha else "",
-        )
+    def unregister_request(self) -> UnRegisterBrokerRequest:
+        return UnRegisterBrokerRequest(
+            cluster_name=self.cluster, broker_name=self.broker_name, broker_id=self.broker_id,
+            broker_addr=self.broker_addr)
 
 
 @attrs.frozen(slots=True)
@@ -279,16 +280,17 @@ class RegisterResult:
     order_topic_config: Mapping[str, str] | None = None
     """The ``ORDER_TOPIC_CONFIG`` KV table (topic -> ``"brokerA:4;brokerB:4"``), if any."""
 
-    def fields(self) -> dict[str, object]:
-        return {"haServerAddr": self.master_ha_addr, "masterAddr": self.master_addr}
+    def fields(self) -> dict[str, str]:
+        return RegisterBrokerResponse(master_addr=self.master_addr,
+                                      ha_server_addr=self.master_ha_addr).fields()
 
     def body(self) -> bytes:
         return b"" if self.order_topic_config is None else kv_table(self.order_topic_config)
 
     @classmethod
     def from_response(cls, cmd: RemotingCommand) -> RegisterResult:
-        return cls(master_addr=cmd.get_str("masterAddr", None, empty_as_absent=True),
-                   master_ha_addr=cmd.get_str("haServerAddr", None, empty_as_absent=True),
+        h = RegisterBrokerResponse.read(cmd.ext_fields)
+        return cls(master_addr=h.master_addr, master_ha_addr=h.ha_server_addr,
                    order_topic_config=_kv_table_from(cmd.body) if cmd.body else None)
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from evq.domain.codes import ResponseCode
 from evq.domain.topics import PERM_RW, TopicConfig, TopicFilterType
 from evq.net.codes import RequestCode, Version
-from evq.net.protocol import HeaderFieldError, RemotingCommand
+from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import (
     MAX_INFLATED,
     BrokerIdentity,
@@ -157,19 +157,13 @@ def test_crc_is_javas_masked_crc32() -> None:
     assert body_crc32(b"") == 0
 
 
-def test_identity_header_round_trip_and_missing_fields() -> None:
+def test_the_identity_makes_both_headers() -> None:
     me = BrokerIdentity(cluster="C", broker_name="b", broker_id=1, broker_addr="h:1",
                         ha_server_addr="h:2")
-    cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, me.fields())
-    assert BrokerIdentity.from_request(cmd) == me
-    assert cmd.ext_fields["brokerId"] == "1"
-    bare = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, me.fields(with_ha=False))
-    assert BrokerIdentity.from_request(bare, with_ha=False) == attrs.evolve(me, ha_server_addr="")
-    with pytest.raises(HeaderFieldError, match="haServerAddr"):
-        BrokerIdentity.from_request(bare)
-    bad = RemotingCommand.request(RequestCode.REGISTER_BROKER, {**me.fields(), "brokerId": "x"})
-    with pytest.raises(HeaderFieldError, match="brokerId"):
-        BrokerIdentity.from_request(bad)
+    named = {"clusterName": "C", "brokerName": "b", "brokerId": "1", "brokerAddr": "h:1"}
+    assert me.register_request(body_crc32=7, compressed=True).fields() == {
+        **named, "haServerAddr": "h:2", "bodyCrc32": "7", "compressed": "true"}
+    assert me.unregister_request().fields() == named
 
 
 def test_register_result_round_trip() -> None:
