@@ -174,8 +174,8 @@ class Admin:
         for row in self._progress(rows, "deleteTopic"):
             await self._broker(row.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic},
                                f"delete topic {topic!r}")
-        await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, DeleteTopicFromNamesrvRequest(
-            topic=topic, cluster_name=cluster).fields(), "delete topic")
+        fields = DeleteTopicFromNamesrvRequest.write(topic=topic, cluster_name=cluster)
+        await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, fields, "delete topic")
         return rows
 
     async def topic_status(self, topic: str) -> list[QueueStatus]:

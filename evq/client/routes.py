@@ -199,7 +199,7 @@ class Routes:
     async def lookup(self, topic: str) -> TopicRoute:
         """The route as the name servers know it now (not cached)."""
         answer = await self.ask(RemotingCommand.request(
-            RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequest(topic=topic).fields()),
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequest.write(topic=topic)),
             f"topic {topic!r}")
         if answer.code == ResponseCode.TOPIC_NOT_EXIST:
             raise RouteNotFound(f"no route for topic {topic!r}: {answer.remark}")

@@ -267,7 +267,7 @@ class NameServer:
         if value is None:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
                               f"No config item, Namespace: {h.namespace} Key: {h.key}")
-        return cmd.response(fields=GetKVConfigResponse(value=value).fields())
+        return cmd.response(fields=GetKVConfigResponse.write(value=value))
 
     async def _delete_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = DeleteKVConfigRequest.read(cmd.ext_fields)

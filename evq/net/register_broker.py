@@ -92,17 +92,18 @@ class BrokerIdentity:
     ha_server_addr: str = ""
     """``ip:haPort``, where slaves of this broker replicate from."""
 
-    def register_request(self, *, body_crc32: int = 0, compressed: bool = False
-                         ) -> RegisterBrokerRequest:
+    def register_fields(self, *, body_crc32: int = 0, compressed: bool = False
+                        ) -> dict[str, str]:
         """The REGISTER_BROKER header of a body as :meth:`RegisterBrokerBody.encode` made it
         (``compressed``), with its :func:`body_crc32` (0: not checked)."""
-        return RegisterBrokerRequest(
+        return RegisterBrokerRequest.write(
             cluster_name=self.cluster, broker_name=self.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr, ha_server_addr=self.ha_server_addr,
             body_crc32=body_crc32, compressed=compressed)
 
-    def unregister_request(self) -> UnRegisterBrokerRequest:
-        return UnRegisterBrokerRequest(
+    def unregister_fields(self) -> dict[str, str]:
+        """The UNREGISTER_BROKER header."""
+        return UnRegisterBrokerRequest.write(
             cluster_name=self.cluster, broker_name=self.broker_name, broker_id=self.broker_id,
             broker_addr=self.broker_addr)
 
@@ -281,8 +282,8 @@ class RegisterResult:
     """The ``ORDER_TOPIC_CONFIG`` KV table (topic -> ``"brokerA:4;brokerB:4"``), if any."""
 
     def fields(self) -> dict[str, str]:
-        return RegisterBrokerResponse(master_addr=self.master_addr,
-                                      ha_server_addr=self.master_ha_addr).fields()
+        return RegisterBrokerResponse.write(master_addr=self.master_addr,
+                                            ha_server_addr=self.master_ha_addr)
 
     def body(self) -> bytes:
         return b"" if self.order_topic_config is None else kv_table(self.order_topic_config)

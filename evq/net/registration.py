@@ -156,9 +156,9 @@ class BrokerRegistrar:
     async def _register(self, link: _Link) -> None:
         body = RegisterBrokerBody(topics=tuple(self._topics()),
                                   data_version=self._data_version).encode(self._compressed)
-        h = self.identity.register_request(body_crc32=body_crc32(body),
-                                           compressed=self._compressed)
-        request = RemotingCommand.request(RequestCode.REGISTER_BROKER, h.fields(), body)
+        fields = self.identity.register_fields(body_crc32=body_crc32(body),
+                                               compressed=self._compressed)
+        request = RemotingCommand.request(RequestCode.REGISTER_BROKER, fields, body)
         try:
             answer = await link.client.invoke(request, self._timeout)
             if answer.code != ResponseCode.SUCCESS:
@@ -188,7 +188,7 @@ class BrokerRegistrar:
 
     async def _unregister(self, link: _Link) -> None:
         request = RemotingCommand.request(RequestCode.UNREGISTER_BROKER,
-                                          self.identity.unregister_request().fields())
+                                          self.identity.unregister_fields())
         try:
             answer = await link.client.invoke(request, self._timeout)
         except TransportError as exc:

@@ -58,7 +58,7 @@ async def ask(client: RemotingClient, code: int, fields: Mapping[str, object] | 
 
 async def route(client: RemotingClient, topic: str = "T") -> dict[str, object] | None:
     answer = await ask(client, RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                       GetRouteInfoRequest(topic=topic).fields())
+                       GetRouteInfoRequest.write(topic=topic))
     if answer.code == ResponseCode.TOPIC_NOT_EXIST:
         return None
     assert answer.code == ResponseCode.SUCCESS
@@ -205,7 +205,7 @@ async def test_a_closed_broker_connection_drops_the_broker_at_once() -> None:
         client = RemotingClient(HOST, server.port)
         body = RegisterBrokerBody(topics=(T,)).encode()
         answer = await ask(client, RequestCode.REGISTER_BROKER,
-                           MASTER.register_request().fields(), body)
+                           MASTER.register_fields(), body)
         assert answer.code == ResponseCode.SUCCESS
         assert routed(server)
         await client.close()
@@ -274,7 +274,7 @@ async def test_kv_config_and_the_order_topic_conf() -> None:
 
 async def test_bad_requests_get_clear_answers_and_the_server_carries_on() -> None:
     body = RegisterBrokerBody(topics=(T,)).encode()
-    fields = MASTER.register_request().fields()  # bodyCrc32 0: the body is not checked
+    fields = MASTER.register_fields()  # bodyCrc32 0: the body is not checked
     without_name = {k: v for k, v in fields.items() if k != "brokerName"}
     cases: list[tuple[int, Mapping[str, object], bytes, int, str]] = [
         (RequestCode.REGISTER_BROKER, without_name, body, ResponseCode.SYSTEM_ERROR,
@@ -318,7 +318,7 @@ async def test_a_java_broker_registration_as_it_comes_off_the_wire() -> None:
             b'"topicName":"TopicTest","topicSysFlag":0,"writeQueueNums":8}}}}')
     request = RemotingCommand(
         code=RequestCode.REGISTER_BROKER, version=Version.V4_9_7,
-        ext_fields=MASTER.register_request(body_crc32=body_crc32(body)).fields(),
+        ext_fields=MASTER.register_fields(body_crc32=body_crc32(body)),
         body=body)
     async with namesrv() as server, RemotingClient(HOST, server.port) as client:
         answer = await client.invoke(request, TIMEOUT)

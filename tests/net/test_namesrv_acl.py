@@ -64,7 +64,7 @@ async def ask(c: RemotingClient, code: int, fields: Mapping[str, object]) -> Rem
 
 
 WRITES: list[tuple[int, dict[str, object]]] = [
-    (RequestCode.UNREGISTER_BROKER, MASTER.unregister_request().fields()),
+    (RequestCode.UNREGISTER_BROKER, MASTER.unregister_fields()),
     (RequestCode.PUT_KV_CONFIG, {"namespace": "ORDER_TOPIC_CONFIG", "key": "T", "value": "x:1"}),
     (RequestCode.DELETE_KV_CONFIG, {"namespace": "NS", "key": "k"}),
     (RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "T"}),
@@ -97,7 +97,7 @@ async def test_writes_need_an_admin_signature(tmp_path: Path, who: Credentials |
                     assert answer.code == ResponseCode.NO_PERMISSION, (code, answer.remark)
                     assert reason in (answer.remark or ""), answer.remark
                 register = await c.invoke(RemotingCommand.request(
-                    RequestCode.REGISTER_BROKER, MASTER.register_request().fields()), TIMEOUT)
+                    RequestCode.REGISTER_BROKER, MASTER.register_fields()), TIMEOUT)
                 assert register.code == ResponseCode.NO_PERMISSION
                 # Nothing changed, and reads stay open to anyone.
                 assert server.routes.route("T") is not None

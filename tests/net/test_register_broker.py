@@ -161,9 +161,9 @@ def test_the_identity_makes_both_headers() -> None:
     me = BrokerIdentity(cluster="C", broker_name="b", broker_id=1, broker_addr="h:1",
                         ha_server_addr="h:2")
     named = {"clusterName": "C", "brokerName": "b", "brokerId": "1", "brokerAddr": "h:1"}
-    assert me.register_request(body_crc32=7, compressed=True).fields() == {
+    assert me.register_fields(body_crc32=7, compressed=True) == {
         **named, "haServerAddr": "h:2", "bodyCrc32": "7", "compressed": "true"}
-    assert me.unregister_request().fields() == named
+    assert me.unregister_fields() == named
 
 
 def test_register_result_round_trip() -> None:
