@@ -149,8 +149,17 @@ def replace_durably(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        rename_into_place(fd, tmp, path)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    sync_path(path.parent)
+
+
+def rename_into_place(fd: int, src: Path, dst: Path) -> None:
+    """Give the file at ``src``, open as ``fd``, the name ``dst`` (in the same directory,
+    replacing any file there), durably: the file is fsync'd (its content, its size), renamed,
+    and the directory fsync'd for the new entry.  After a power cut ``dst`` is the old file or
+    the whole new one.  The entry under ``src`` need never have been synced: until the
+    rename the file is nothing its owner would miss after a power cut."""
+    os.fsync(fd)
+    os.replace(src, dst)
+    sync_path(dst.parent)

@@ -18,8 +18,9 @@ The byte range, within that file, is given where the record sits at a place the 
 messages it acknowledges the abort marker (once the store is open, a crash must be recovered
 as one) and one metadata row it committed through the SQL metadata store in ``ROOT/config``
 (``config/meta.sqlite``).  After the messages it calls ``flush()`` and, on the mmap store,
-acknowledges every file of the store but the lock: a flush promises the projections
-(ConsumeQueues, index files, checkpoint) are on disk as well.
+acknowledges every file of the store but the lock and a file the allocator is still building
+(under a temporary name): a flush promises the projections (ConsumeQueues, index files,
+checkpoint) are on disk as well.
 
 Every ACK line is a write(2) of its own on stdout, so the acknowledgement appears in the trace
 in order with the sync calls that made it true (see tests/backends/sync_trace.py).
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from evq import logs
 from evq.backends.config import StoreConfig
-from evq.backends.mmapfile.mapped_file import segment_name
+from evq.backends.mmapfile.mapped_file import BUILDING_SUFFIX, segment_name
 from evq.backends.registry import open_log
 from evq.domain.log import AppendResult, FlushMode, PutStatus
 from evq.domain.message import new_message
@@ -103,7 +104,8 @@ def main(argv: list[str]) -> int:
     if backend == "mmap":  # its files are all evq's own; a key-value store's are its library's
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             rel = path.relative_to(root)
-            if rel.parts[0] not in UNACKNOWLEDGED:
+            # A file still being built is not part of the store yet (the allocator's).
+            if rel.parts[0] not in UNACKNOWLEDGED and not path.name.endswith(BUILDING_SUFFIX):
                 _ack(str(rel))
     meta.close()
     log.close()

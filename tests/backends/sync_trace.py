@@ -229,6 +229,9 @@ def _apply(st: _State, c: Call) -> None:
         for table in (st.resized, st.written, st.synced, st.msynced):
             if old in table:
                 table[new] = table.pop(old)
+        for m in st.maps:  # a mapping follows its file: later msyncs reach the new name
+            if m.path == old:
+                m.path = new
     elif name in ("unlink", "unlinkat"):
         path = _string(a[0]) if name == "unlink" else _at(a[0], _string(a[1]) or "")
         st.exists.discard(path or "")

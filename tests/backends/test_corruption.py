@@ -34,7 +34,9 @@ an unchecked header field the damaged record's fate is open, but no other record
 A segment file whose *length* is wrong is refused with a clear error and left untouched (as
 RocketMQ refuses to load it); padded back to the segment size with zeros it recovers like a
 zeroed tail.  A zero-length last segment (a crash between creating and sizing the file) is
-removed and the log ends where it began.
+removed and the log ends where it began.  Files the allocator left half-built under their
+temporary names (a crash while it built the next segment or index file) are removed, and the
+log loads whole.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from evq.backends.mmapfile.mapped_file import segment_name
+from evq.backends.mmapfile.index_file import index_file_ms, index_file_name, index_file_size
+from evq.backends.mmapfile.mapped_file import BUILDING_SUFFIX, building_path, segment_name
 from evq.backends.registry import TRAITS
 from evq.domain import record as rec
 from evq.domain.log import GetStatus, MessageLog, PutStatus
 from evq.domain.message import Prop, new_message
+from tests.conftest import SMALL
 
 pytestmark = pytest.mark.transient_pool_too
 
@@ -523,3 +527,35 @@ def test_zero_length_last_segment_is_dropped(open_log, clock, backend, mode):
         assert more[0].phys == last_start
         _check_store(log, kept + more, [])
         log.close()
+
+
+@pytest.mark.parametrize("mode", RECOVERY)
+def test_files_left_half_built_are_removed(open_log, clock, backend, mode):
+    """A crash while the allocator builds the next segment or index file leaves it under its
+    temporary name, empty or sized: opening removes it, saying so, and loads the log whole."""
+    rng = random.Random(mode)
+    with _fresh_dir() as root:
+        log = open_log(path=root, **SIZES)
+        written = _append(log, clock, rng, 200, "m")
+        log.close()
+        next_start = written[-1].phys - written[-1].phys % SEGMENT + SEGMENT
+        newest_index = max(p.name for p in (root / "index").iterdir())
+        left = [building_path(root / "commitlog" / segment_name(next_start)),
+                building_path(root / "index" / index_file_name(index_file_ms(newest_index) + 1))]
+        left[0].touch()  # killed once it was created
+        with open(left[1], "wb") as f:  # killed once it was sized and its head allocated
+            f.truncate(index_file_size(SMALL.index_slots, SMALL.index_entries))
+            os.posix_fallocate(f.fileno(), 0, 4096)
+        _prepare_recovery(root, mode)
+        log, logs = _reopen(open_log, root)
+        # Not whether they exist now: the reopened store builds those very files again.
+        removed = [e["path"] for e in logs if e["event"] == "unfinished_file_removed"]
+        assert sorted(removed) == sorted(map(str, left))
+        _check_logs(logs, mode, 0)
+        _check_store(log, written, [])
+        more = _append(log, clock, rng, 10, "n")
+        assert more[0].phys == written[-1].end
+        _check_store(log, written + more, [])
+        log.close()
+        assert not [p for d in ("commitlog", "index") for p in (root / d).iterdir()
+                    if p.name.endswith(BUILDING_SUFFIX)]

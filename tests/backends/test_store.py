@@ -25,6 +25,8 @@ from typing import Any
 import attrs
 import pytest
 
+from evq.backends.mmapfile.index_file import index_file_size
+from evq.backends.mmapfile.mapped_file import BUILDING_SUFFIX
 from evq.backends.registry import BACKENDS
 from evq.backends.registry import open_log as open_backend
 from evq.domain import sysflag as sf
@@ -50,7 +52,6 @@ from evq.domain.record import (
     put_record,
 )
 from tests.conftest import SMALL
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.transient_pool_too
 
@@ -1304,12 +1305,11 @@ def test_mmap_segments_are_files_named_by_offset(open_log: OpenLog, tmp_path: Pa
     fill_to(log, 1000)
     first = append(log, sized(SEG - 1000 - 5))[0]  # leaves 5 bytes: rolls
     append(log, *(sized(3000, queue_id=1) for _ in range(30)))
-    files = sorted((tmp_path / "m" / "commitlog").iterdir())
+    # The segment after the write segment may still be in the making, under another name.
+    files = [f for f in sorted((tmp_path / "m" / "commitlog").iterdir())
+             if not f.name.endswith(BUILDING_SUFFIX)]
     assert [f.name for f in files] == [f"{i * SEG:020d}" for i in range(len(files))]
-    # The segment after the write segment is built in the background, created and then sized:
-    # a listing may see it between the two (the full suite's load once did).
-    wait_for("every segment to have its size",
-             lambda: all(f.stat().st_size == SEG for f in files))
+    assert all(f.stat().st_size == SEG for f in files)
     assert first.physical_offset == SEG
     raw = files[0].read_bytes()
     assert HEAD.unpack_from(raw, 1000) == (SEG - 1000, BLANK_MAGIC)
@@ -1319,6 +1319,52 @@ def test_mmap_segments_are_files_named_by_offset(open_log: OpenLog, tmp_path: Pa
     assert (cq / f"{0:020d}").stat().st_size == 64 * 20
     log.close()
     assert not (tmp_path / "m" / "abort").exists()
+
+
+@pytest.mark.usefixtures("mmap_only")
+def test_mmap_files_built_ahead_appear_under_their_names_only_whole(
+    open_log: OpenLog, tmp_path: Path
+) -> None:
+    """The next CommitLog segment and the next index file are built in the background while
+    appends go on; a listing taken meanwhile shows each file under a segment's or an index
+    file's name at its full size, never empty or short (which a load would take for a broken
+    store, or a crash's leftover).  A thread lists both directories over and over while
+    appends go on, until in each it has caught a file being built and then seen it whole."""
+    root = tmp_path / "m"
+    log = open_log(root)
+    sizes = {"commitlog": SEG,
+             "index": index_file_size(SMALL.index_slots, SMALL.index_entries)}
+    short: list[str] = []
+    building: dict[str, set[str]] = {d: set() for d in sizes}  # names caught in the making
+    built: set[str] = set()  # directories where one of those was listed under its name since
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for d, size in sizes.items():
+                for f in (root / d).iterdir():
+                    if f.name.endswith(BUILDING_SUFFIX):
+                        building[d].add(f.name.removesuffix(BUILDING_SUFFIX))
+                    elif not f.name.isdigit() or f.stat().st_size != size:
+                        short.append(f"{f} at {f.stat().st_size} bytes")
+                    elif f.name in building[d]:
+                        built.add(d)
+            if built == set(sizes) or short:
+                done.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for i in range(0, 20_000, 16):  # ~300 segments and ~200 index files; a few will do
+            append(log, *(sized(1000, keys=f"a{k} b{k}") for k in range(i, i + 16)))
+            if done.is_set():
+                break
+    finally:
+        done.set()
+        watcher.join()
+    assert not short, f"listed under their final names, not whole: {short}"
+    assert built == set(sizes), (
+        f"no file caught being built, then whole, in {sorted(set(sizes) - built)}")
 
 
 @pytest.mark.usefixtures("mmap_only")

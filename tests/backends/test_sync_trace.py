@@ -124,6 +124,25 @@ def test_a_file_renamed_into_place_needs_its_new_directory_synced() -> None:
         assert _rules(_trace(*written, rename, _DIR_SYNC, _ACK_F)) == set()
 
 
+def test_a_file_mapped_before_its_rename_is_msynced_under_its_new_name() -> None:
+    """The mmap store builds a segment under a temporary name, maps it, and renames it into
+    place; its writer's msyncs then go through the mapping made under the old name."""
+    lines = _trace(
+        'openat(AT_FDCWD</x>, "/d/st/f.building", O_RDWR|O_CREAT|O_EXCL, 0644) = 3'
+        "</d/st/f.building>",
+        "ftruncate(3</d/st/f.building>, 8192) = 0",
+        "mmap(NULL, 8192, PROT_READ|PROT_WRITE, MAP_SHARED, 3</d/st/f.building>, 0) = 0x1000",
+        "fsync(3</d/st/f.building>) = 0",
+        'rename("/d/st/f.building", "/d/st/f") = 0',
+        _DIR_SYNC,
+        "msync(0x1000, 4096, MS_SYNC) = 0",
+        'write(1<pipe:[1]>, "ACK f 0 100\\n", 12) = 12',
+    )
+    assert _rules(lines) == set()
+    assert _rules([*lines[:5], *lines[6:]]) == {("ACK f 0 100", "entry", "/d/st/f")}
+    assert _rules([*lines[:6], *lines[7:]]) == {("ACK f 0 100", "data", "/d/st/f")}
+
+
 def test_every_new_directory_on_the_path_needs_its_parent_synced() -> None:
     lines = _trace(
         'mkdir("/d/st/a", 0777) = 0',

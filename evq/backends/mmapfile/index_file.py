@@ -48,7 +48,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from evq import durable_fs
-from evq.backends.mmapfile.mapped_file import Allocator, MappedFile
+from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, finished_files
 from evq.domain.hashing import index_key_hash
 
 HEADER = struct.Struct(">qqqqii")
@@ -456,7 +456,7 @@ class IndexService:
         flushed (their entries, if any, were put after the last flush and are uncounted):
         they go, and recovery indexes their records again, into files named after the rest."""
         if self.directory.is_dir():
-            for p in sorted(self.directory.iterdir()):
+            for p in finished_files(self.directory):
                 if p.name.isdigit() and len(p.name) == len(index_file_name(0)):
                     self.files.append(IndexFile(p, self.slots, self.max_entries, create=False))
         while self.files and self.files[-1].count <= 1:

@@ -32,6 +32,12 @@ SIGBUS on a full one, so a file opened from disk counts as allocated (and readab
 to its first hole (``SEEK_HOLE``), and recovery reads no further.  Not a whole
 segment at once: a 1 GiB segment (and the next one, built ahead) would take its gigabytes
 from the disk the moment it is created, also for a store that holds a few messages.
+
+A file the :class:`Allocator` makes (the next segment, the next index file) is built under a
+temporary name beside its own (:func:`building_path`) and renamed into place once it has its
+size and its first blocks: a directory listing never shows a file under its final name empty
+or half-sized, and a process killed mid-build leaves only the temporary name, which the next
+load removes (:func:`finished_files`).
 """
 
 from __future__ import annotations
@@ -75,8 +81,32 @@ except (OSError, AttributeError):  # pragma: no cover - non-Linux
     _libc = None
 
 
+BUILDING_SUFFIX = ".building"
+
+
 def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
+
+
+def building_path(path: Path) -> Path:
+    """Where the allocator builds the file that becomes ``path``: beside it (a rename within
+    one directory is atomic), under a name no segment or index file has (theirs are digits
+    only), so that nothing listing the directory takes it for one."""
+    return path.with_name(path.name + BUILDING_SUFFIX)
+
+
+def finished_files(directory: Path) -> list[Path]:
+    """The entries of ``directory``, sorted, once the files a build left unfinished (a
+    process killed while its allocator built one, see :func:`building_path`) are removed:
+    never handed to a writer, they hold nothing of the log."""
+    out = []
+    for p in sorted(directory.iterdir()):
+        if p.name.endswith(BUILDING_SUFFIX):
+            log.warning("unfinished_file_removed", path=str(p))
+            p.unlink()
+        else:
+            out.append(p)
+    return out
 
 
 def _address(mm: mmap.mmap) -> int:
@@ -304,11 +334,12 @@ class Allocator:
     """Creates segments and faults their pages in from a background thread, off the append path.
 
     A segment it builds is durable (size and directory entry) before :meth:`take` hands it
-    out, so a sync acknowledgement of a record in it waits for msync alone.  :meth:`take`
-    returns the pre-built segment for a path if there is one, else builds it cold;
-    either way it asks for the segment after it.  A built segment has its first chunk faulted
-    in; the writer asks for each next chunk as it goes (:meth:`warm_ahead`), so steady-state
-    appends never wait for a file to be created or a page to be faulted in.
+    out, so a sync acknowledgement of a record in it waits for msync alone; it appears under
+    its name only once it is whole (:meth:`_make`).  :meth:`take` returns the pre-built
+    segment for a path if there is one, else builds it cold; either way it asks for the
+    segment after it.  A built segment has its first chunk faulted in; the writer asks for
+    each next chunk as it goes (:meth:`warm_ahead`), so steady-state appends never wait for a
+    file to be created or a page to be faulted in.
     """
 
     def __init__(self, *, warm: bool = True, allocate_blocks: bool = False):
@@ -334,14 +365,48 @@ class Allocator:
         after it is asked for in turn, with its first ``warm`` bytes faulted in.
         ``allocate``: bytes allocated up front (see :meth:`MappedFile.reserve`); raises
         ``OSError`` (ENOSPC) when the disk has no room for them."""
+        mf = self._claim(path)
+        if mf is None:
+            mf = self._make(path, start, size, allocate)
+        if successor:
+            self.prefetch(mf, warm=warm)
+        return mf
+
+    def discard(self, path: Path) -> None:
+        """Remove the file built (or being built) for ``path``, if any: it will not be used."""
+        mf = self._claim(path)
+        if mf is not None:
+            mf.destroy()
+
+    def _claim(self, path: Path) -> MappedFile | None:
+        """The file built for ``path`` (once a build of it under way is done), or None."""
         with self._lock:
             while path in self._build:  # being built right now: it is nearly there
                 self._lock.wait()
-            mf = self._ready.pop(path, None)
-        if mf is None:
-            mf = MappedFile(path, start, size, create=True, allocate=allocate)
-        if successor:
-            self.prefetch(mf, warm=warm)
+            return self._ready.pop(path, None)
+
+    @staticmethod
+    def _make(path: Path, start: int, size: int, allocate: int) -> MappedFile:
+        """A new file at ``path`` that appears there whole: created, sized and its first
+        ``allocate`` bytes allocated under :func:`building_path`, then renamed into place.
+        Made at ``path`` itself, a listing could see it there empty or short, and a process
+        killed between creating and sizing it would leave an empty segment behind.  The
+        rename's syncs make the file and its final name durable; the temporary name's entry
+        needs none.  Raises ``OSError`` (ENOSPC) when the disk has no room, leaving no file
+        behind."""
+        building = building_path(path)
+        try:
+            mf = MappedFile(building, start, size, create=True, allocate=allocate,
+                            pending=durable_fs.PendingSyncs())  # synced by the rename
+        except BaseException:
+            building.unlink(missing_ok=True)
+            raise
+        try:
+            durable_fs.rename_into_place(mf.fd, building, path)
+        except BaseException:
+            mf.destroy()
+            raise
+        mf.path = path
         return mf
 
     def build(self, path: Path, start: int, size: int, *, warm: int = WARM_CHUNK,
@@ -371,7 +436,7 @@ class Allocator:
         """Build the segment that will follow ``current``, its first ``warm`` bytes faulted
         in (none for a segment whose writer appends into a transient store pool buffer)."""
         nxt = current.path.parent / segment_name(current.end)
-        if nxt not in self._ready and not nxt.exists():
+        if not nxt.exists():
             self.build(nxt, current.end, current.size, warm=warm)
 
     def _request(
@@ -385,7 +450,8 @@ class Allocator:
                 return
             if warm is not None and self._warm:
                 self._to_warm.append(warm)
-            if build is not None:
+            # Once per file: a second build would rename a new file over the first.
+            if build is not None and build[0] not in self._build and build[0] not in self._ready:
                 self._build[build[0]] = build[1:]
             self._lock.notify_all()
 
@@ -407,7 +473,7 @@ class Allocator:
             path, (start, size, warm_bytes, allocate) = job
             mf_new: MappedFile | None = None
             try:
-                mf_new = MappedFile(path, start, size, create=True, allocate=allocate)
+                mf_new = self._make(path, start, size, allocate)
             except (OSError, disk.AllocationUnsupported) as exc:
                 log.warning("segment_preallocation_failed", path=str(path), error=str(exc))
             if mf_new is not None and self._warm and warm_bytes:
@@ -469,7 +535,7 @@ class MappedFileQueue:
         """Map the existing segments (positions are set by recovery)."""
         if not self.directory.is_dir():
             return
-        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit())
+        names = [p for p in finished_files(self.directory) if p.name.isdigit()]
         for p in names:
             size = p.stat().st_size
             if size != self.segment_size:
@@ -635,8 +701,7 @@ class MappedFileQueue:
             self._give_back(mf, force=True)
             mf.destroy()
             if self.allocator is not None:
-                self.allocator.take(self.directory / segment_name(mf.end), mf.end, mf.size,
-                                    successor=False, allocate=0).destroy()
+                self.allocator.discard(self.directory / segment_name(mf.end))
         return self.new_segment(start)
 
     def delete_first(self, count: int) -> list[MappedFile]:
