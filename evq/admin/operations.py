@@ -10,7 +10,7 @@ line why it failed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -27,6 +27,15 @@ from evq.domain.queues import MessageQueue
 from evq.domain.record import decode, iter_records, parse_offset_msg_id
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import (
+    CreateTopicRequest,
+    DeleteSubscriptionGroupRequest,
+    DeleteTopicRequest,
+    GetConsumerConnectionListRequest,
+    GetConsumeStatsRequest,
+    GetTopicStatsInfoRequest,
+    ResetOffsetRequest,
+)
 from evq.net.headers.namesrv import DeleteTopicFromNamesrvRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.routes import MASTER_ID
@@ -159,21 +168,21 @@ class Admin:
                            broker: str | None = None) -> list[BrokerRow]:
         tp.validate_topic(config.topic_name)
         rows = await self.masters(cluster=cluster, broker=broker)
+        fields = CreateTopicRequest.write(
+            topic=config.topic_name, read_queue_nums=config.read_queue_nums,
+            write_queue_nums=config.write_queue_nums, perm=config.perm,
+            topic_filter_type=config.topic_filter_type.value,
+            topic_sys_flag=config.topic_sys_flag, order=config.order)
         for row in self._progress(rows, "updateTopic"):
-            await self._broker(row.addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {
-                "topic": config.topic_name, "defaultTopic": tp.AUTO_CREATE_TOPIC,
-                "readQueueNums": config.read_queue_nums,
-                "writeQueueNums": config.write_queue_nums, "perm": config.perm,
-                "topicFilterType": config.topic_filter_type.value,
-                "topicSysFlag": config.topic_sys_flag, "order": config.order},
-                f"update topic {config.topic_name!r}")
+            await self._broker(row.addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields,
+                               f"update topic {config.topic_name!r}")
         return rows
 
     async def delete_topic(self, topic: str, *, cluster: str | None = None) -> list[BrokerRow]:
         rows = await self.masters(cluster=cluster)
         for row in self._progress(rows, "deleteTopic"):
-            await self._broker(row.addr, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic},
-                               f"delete topic {topic!r}")
+            await self._broker(row.addr, RequestCode.DELETE_TOPIC_IN_BROKER,
+                               DeleteTopicRequest.write(topic=topic), f"delete topic {topic!r}")
         fields = DeleteTopicFromNamesrvRequest.write(topic=topic, cluster_name=cluster)
         await self._namesrv(RequestCode.DELETE_TOPIC_IN_NAMESRV, fields, "delete topic")
         return rows
@@ -186,7 +195,8 @@ class Admin:
             if addr is None:
                 continue
             answer = await self._broker(addr, RequestCode.GET_TOPIC_STATS_INFO,
-                                        {"topic": topic}, f"status of {topic!r}")
+                                        GetTopicStatsInfoRequest.write(topic=topic),
+                                        f"status of {topic!r}")
             for mq, s in _queue_table(answer.body):
                 out.append(QueueStatus(mq.broker_name, mq.queue_id, int(s["minOffset"]),
                                        int(s["maxOffset"]), int(s["lastUpdateTimestamp"])))
@@ -209,7 +219,8 @@ class Admin:
         rows = await self.masters(cluster=cluster, broker=broker)
         for row in self._progress(rows, "deleteSubGroup"):
             await self._broker(row.addr, RequestCode.DELETE_SUBSCRIPTIONGROUP,
-                               {"groupName": group}, f"delete group {group!r}")
+                               DeleteSubscriptionGroupRequest.write(group_name=group),
+                               f"delete group {group!r}")
         return rows
 
     async def sub_group_config(self, group: str) -> list[tuple[BrokerRow, SubscriptionGroupConfig]]:
@@ -229,9 +240,7 @@ class Admin:
     async def consumer_progress(self, group: str, topic: str | None = None
                                 ) -> list[QueueProgress]:
         """Lag per queue over every master (a group's offsets live where its queues do)."""
-        fields: dict[str, object] = {"consumerGroup": group}
-        if topic is not None:
-            fields["topic"] = topic
+        fields = GetConsumeStatsRequest.write(consumer_group=group, topic=topic)
         out: list[QueueProgress] = []
         for row in self._progress(await self.masters(), "consumerProgress"):
             answer = await self._broker(row.addr, RequestCode.GET_CONSUME_STATS, fields,
@@ -252,8 +261,10 @@ class Admin:
         last: AdminError | None = None
         for row in await self.masters():
             try:
-                answer = await self._broker(row.addr, RequestCode.GET_CONSUMER_CONNECTION_LIST,
-                                            {"consumerGroup": group}, f"members of {group!r}")
+                answer = await self._broker(
+                    row.addr, RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                    GetConsumerConnectionListRequest.write(consumer_group=group),
+                    f"members of {group!r}")
             except AdminError as exc:
                 last = exc
                 continue
@@ -263,14 +274,15 @@ class Admin:
     async def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int, *,
                                    force: bool = True) -> list[ResetRow]:
         route = await self.topic_route(topic)
+        fields = ResetOffsetRequest.write(topic=topic, group=group, timestamp=timestamp_ms,
+                                          is_force=force)
         out: list[ResetRow] = []
         for name in self._progress(sorted(route.brokers), "resetOffsetByTime"):
             addr = route.master(name)
             if addr is None:
                 continue
-            answer = await self._broker(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {
-                "topic": topic, "group": group, "timestamp": timestamp_ms, "isForce": force},
-                f"reset {group!r} on {topic!r}")
+            answer = await self._broker(addr, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields,
+                                        f"reset {group!r} on {topic!r}")
             out += [ResetRow(mq.broker_name, mq.queue_id, int(offset))
                     for mq, offset in _queue_table(answer.body)]
         return sorted(out, key=lambda r: (r.broker_name, r.queue_id))
@@ -346,7 +358,7 @@ class Admin:
         answer = await self._routes.ask(RemotingCommand.request(code, fields), what)
         return _check(answer, what)
 
-    async def _broker(self, addr: str, code: RequestCode, fields: dict[str, object],
+    async def _broker(self, addr: str, code: RequestCode, fields: Mapping[str, object],
                       what: str, body: bytes = b"") -> RemotingCommand:
         answer = await self._pool.invoke(addr, RemotingCommand.request(code, fields, body))
         return _check(answer, f"{what} at {addr}")

@@ -53,6 +53,7 @@ from evq.domain.message import Message, encode_properties
 from evq.domain.record import encode_batch, peek
 from evq.domain.topics import AUTO_CREATE_TOPIC
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import CreateTopicRequest
 from evq.net.headers.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, PullRequest, PullResponse
 from evq.net.protocol import MAX_FRAME, RemotingCommand
 from evq.net.transport import RemotingClient, run
@@ -238,9 +239,10 @@ class Producer:
 
 
 async def create_topic(client: RemotingClient, topic: str, queues: int) -> None:
-    answer = await client.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
-        "topic": topic, "readQueueNums": queues, "writeQueueNums": queues, "perm": 6,
-        "topicFilterType": "SINGLE_TAG"}), REQUEST_TIMEOUT_S)
+    answer = await client.invoke(RemotingCommand.request(
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        CreateTopicRequest.write(topic=topic, read_queue_nums=queues, write_queue_nums=queues),
+    ), REQUEST_TIMEOUT_S)
     _expect(answer, f"creating topic {topic}")
 
 

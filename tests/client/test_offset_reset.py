@@ -13,6 +13,7 @@ from evq.client.routes import BrokerPool
 from evq.domain.codes import ResponseCode
 from evq.domain.queues import MessageQueue
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import ResetOffsetRequest
 from evq.net.protocol import RemotingCommand
 from tests.client.conftest import Served
 from tests.client.inbox import NEW, Inbox, old_then_new
@@ -24,7 +25,7 @@ async def reset_by_time(broker: str, group: str, topic: str, timestamp_ms: int
     try:
         answer = await pool.invoke(broker, RemotingCommand.request(
             RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
-            {"topic": topic, "group": group, "timestamp": timestamp_ms, "isForce": True}))
+            ResetOffsetRequest.write(topic=topic, group=group, timestamp=timestamp_ms)))
     finally:
         await pool.close()
     assert answer.code == ResponseCode.SUCCESS, answer.remark

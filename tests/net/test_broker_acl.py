@@ -15,6 +15,7 @@ from evq.acl.signature import ACCESS_KEY, SIGNATURE, Credentials, signed_fields
 from evq.domain.codes import ResponseCode
 from evq.domain.message import encode_properties
 from evq.net.codes import RequestCode as C
+from evq.net.headers.admin import CreateTopicRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, run, split_address
@@ -160,8 +161,8 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:
             "--acl-file", str(acl_file), servers=1, stderr=stderr) as proc:
         broker = AclBroker(proc.addresses["broker"], acl_file, log, proc)
         for topic in ("open", "closed"):
-            answer = request(broker, ADMIN, C.UPDATE_AND_CREATE_TOPIC, {
-                "topic": topic, "readQueueNums": 1, "writeQueueNums": 1, "perm": 6})
+            answer = request(broker, ADMIN, C.UPDATE_AND_CREATE_TOPIC, CreateTopicRequest.write(
+                topic=topic, read_queue_nums=1, write_queue_nums=1))
             assert answer.code == ResponseCode.SUCCESS, answer.remark
         yield broker
 

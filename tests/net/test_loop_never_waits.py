@@ -18,6 +18,7 @@ from evq.domain.log import FlushMode
 from evq.domain.message import encode_properties
 from evq.domain.record import iter_records
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import CreateTopicRequest, ResetOffsetRequest
 from evq.net.headers.pull import FLAG_SUBSCRIPTION
 from evq.net.transport import RemotingClient
 from tests.net.harness import broker
@@ -57,14 +58,14 @@ async def test_no_request_writes_metadata_on_the_event_loop(tmp_path: Path) -> N
                 "group": "BackGroup", "offset": stored.commit_log_offset, "delayLevel": 0,
                 "originMsgId": "x", "originTopic": "AutoCreated"})
             assert r.code == ResponseCode.SUCCESS, r.remark
-            r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC, {
-                "topic": "AdminTopic", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6})
+            r = await call(c, RequestCode.UPDATE_AND_CREATE_TOPIC, CreateTopicRequest.write(
+                topic="AdminTopic", read_queue_nums=2, write_queue_nums=2))
             assert r.code == ResponseCode.SUCCESS, r.remark
             r = await call(c, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
                            body=json.dumps({"groupName": "AdminGroup"}).encode())
             assert r.code == ResponseCode.SUCCESS, r.remark
-            r = await call(c, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, {
-                "topic": "AutoCreated", "group": "NewGroup", "timestamp": 0, "isForce": True})
+            r = await call(c, RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, ResetOffsetRequest.write(
+                topic="AutoCreated", group="NewGroup", timestamp=0))
             assert r.code == ResponseCode.SUCCESS, r.remark
             assert b.ctx.loop_lag.ticks > 0
     assert [e for e in logs if e["event"] == LOOP_WRITE] == []

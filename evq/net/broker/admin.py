@@ -17,6 +17,15 @@ from evq.net import fastjson
 from evq.net.broker.clients import json_body
 from evq.net.broker.context import BrokerContext
 from evq.net.codes import LanguageCode, RequestCode
+from evq.net.headers.admin import (
+    CreateTopicRequest,
+    DeleteSubscriptionGroupRequest,
+    DeleteTopicRequest,
+    GetConsumerConnectionListRequest,
+    GetConsumeStatsRequest,
+    GetTopicStatsInfoRequest,
+    ResetOffsetRequest,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 
@@ -61,25 +70,23 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     core = ctx.core
 
     async def update_topic(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        filter_name = cmd.get_str("topicFilterType", "SINGLE_TAG")
+        h = CreateTopicRequest.read(cmd.ext_fields)
         try:
-            filter_type = tp.TopicFilterType(filter_name)
+            filter_type = tp.TopicFilterType(h.topic_filter_type)
         except ValueError:
             raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                              f"topicFilterType {filter_name!r:.64} is neither SINGLE_TAG nor "
-                              "MULTI_TAG") from None
+                              f"topicFilterType {h.topic_filter_type!r:.64} is neither "
+                              "SINGLE_TAG nor MULTI_TAG") from None
         config = tp.TopicConfig(
-            topic_name=cmd.get_str("topic"), read_queue_nums=cmd.get_int("readQueueNums", 16),
-            write_queue_nums=cmd.get_int("writeQueueNums", 16),
-            perm=cmd.get_int("perm", tp.PERM_RW), order=cmd.get_bool("order", False),
-            topic_sys_flag=cmd.get_int("topicSysFlag", 0),
-            topic_filter_type=filter_type)
+            topic_name=h.topic, read_queue_nums=h.read_queue_nums,
+            write_queue_nums=h.write_queue_nums, perm=h.perm, order=h.order,
+            topic_sys_flag=h.topic_sys_flag, topic_filter_type=filter_type)
         await ctx.blocking(core.create_topic, config)
         ctx.topics_changed()
         return cmd.response()
 
     async def delete_topic(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        await ctx.blocking(core.delete_topic, cmd.get_str("topic"))
+        await ctx.blocking(core.delete_topic, DeleteTopicRequest.read(cmd.ext_fields).topic)
         ctx.topics_changed()
         return cmd.response()
 
@@ -93,7 +100,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response()
 
     async def delete_group(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        await ctx.blocking(core.delete_group, cmd.get_str("groupName"))
+        await ctx.blocking(core.delete_group,
+                           DeleteSubscriptionGroupRequest.read(cmd.ext_fields).group_name)
         return cmd.response()
 
     async def all_topics(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -123,20 +131,19 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response(body=fastjson.dumps({"offsetTable": table}).encode())
 
     async def consume_stats(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        group = cmd.get_str("consumerGroup")
+        h = GetConsumeStatsRequest.read(cmd.ext_fields)
         name = core.config.broker_name
-        online = ctx.membership.consumer_group(group)
+        online = ctx.membership.consumer_group(h.consumer_group)
         subscribed = online.subscriptions if online is not None else {}
         table = {MessageQueue(s.topic, name, s.queue_id): {
             "brokerOffset": s.broker_offset, "consumerOffset": s.consumer_offset,
             "lastTimestamp": s.last_timestamp}
-            for s in core.consume_stats(group, cmd.get_str("topic", None, empty_as_absent=True),
-                                        subscribed)}
+            for s in core.consume_stats(h.consumer_group, h.topic, subscribed)}
         return cmd.response(body=fastjson.dumps({"consumeTps": 0.0,
                                                  "offsetTable": table}).encode())
 
     async def topic_stats(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic = cmd.get_str("topic")
+        topic = GetTopicStatsInfoRequest.read(cmd.ext_fields).topic
         config = core.topic(topic)
         if config is None:
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
@@ -149,7 +156,7 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response(body=fastjson.dumps({"offsetTable": table}).encode())
 
     async def connections(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        group = cmd.get_str("consumerGroup")
+        group = GetConsumerConnectionListRequest.read(cmd.ext_fields).consumer_group
         info = ctx.membership.consumer_group(group)
         if info is None or not info.members:
             raise BrokerError(ResponseCode.CONSUMER_NOT_ONLINE,
@@ -192,22 +199,21 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             {"table": {k: str(v) for k, v in table.items()}}).encode())
 
     async def reset_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic, group = cmd.get_str("topic"), cmd.get_str("group")
-        timestamp = cmd.get_long("timestamp")
-        force = cmd.get_bool("isForce", True)
-        if timestamp < 0:  # -1: to the end of every queue
-            timestamp = 2**63 - 1
+        h = ResetOffsetRequest.read(cmd.ext_fields)
+        topic, group, force = h.topic, h.group, h.is_force
+        timestamp = 2**63 - 1 if h.timestamp < 0 else h.timestamp  # -1: every queue's end
         offsets = await ctx.blocking(
             lambda: core.reset_offset_by_time(group, topic, timestamp, force=force))
         for_c = cmd.language == LanguageCode.CPP
         body = reset_offset_body(ctx, group, topic, offsets, for_c=for_c)
         info = ctx.membership.consumer_group(group)
+        notice = ResetOffsetRequest.write(topic=topic, group=group, timestamp=timestamp,
+                                          is_force=force)
         for member in info.members if info else ():
             client = member.connection
             if isinstance(client, Connection) and not client.is_closed:
                 client.send_oneway(RemotingCommand.request(
-                    RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
-                    {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force},
+                    RequestCode.RESET_CONSUMER_CLIENT_OFFSET, notice,
                     reset_offset_body(ctx, group, topic, offsets, for_c=True)
                     if ctx.clients.get(client, (None,))[0] == LanguageCode.CPP else body,
                     oneway=True))
