@@ -37,6 +37,7 @@ from evq.net.headers.admin import (
     ResetOffsetRequest,
 )
 from evq.net.headers.namesrv import DeleteTopicFromNamesrvRequest
+from evq.net.headers.queries import QueryMessageRequest, ViewMessageRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.routes import MASTER_ID
 from evq.net.security import ClientSecurity
@@ -299,7 +300,8 @@ class Admin:
         if 0 < port < 65536:
             try:
                 answer = await self._broker(f"{ip}:{port}", RequestCode.VIEW_MESSAGE_BY_ID,
-                                            {"offset": offset}, f"message {msg_id}")
+                                            ViewMessageRequest.write(offset=offset),
+                                            f"message {msg_id}")
                 return [decode(answer.body)]
             except (ClientError, TransportError):
                 if topic is None:
@@ -340,9 +342,8 @@ class Admin:
             if addr is None:
                 continue
             answer = await self._pool.invoke(addr, RemotingCommand.request(
-                RequestCode.QUERY_MESSAGE, {"topic": topic, "key": key, "maxNum": max_num,
-                                            "beginTimestamp": 0, "endTimestamp": 2**63 - 1,
-                                            "_UNIQUE_KEY_QUERY": unique}))
+                RequestCode.QUERY_MESSAGE, QueryMessageRequest.write(
+                    topic=topic, key=key, max_num=max_num, unique_key_query=unique)))
             if answer.code == ResponseCode.QUERY_NOT_FOUND:
                 continue
             _check(answer, f"query {key!r} at {addr}")

@@ -54,6 +54,7 @@ from evq.domain.record import encode_batch, peek
 from evq.domain.topics import AUTO_CREATE_TOPIC
 from evq.net.codes import RequestCode
 from evq.net.headers.admin import CreateTopicRequest
+from evq.net.headers.offsets import GetMaxOffsetRequest, GetMaxOffsetResponse
 from evq.net.headers.pull import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, PullRequest, PullResponse
 from evq.net.protocol import MAX_FRAME, RemotingCommand
 from evq.net.transport import RemotingClient, run
@@ -250,8 +251,10 @@ async def queue_ends(client: RemotingClient, topic: str, queues: int) -> list[in
     ends = []
     for queue_id in range(queues):
         answer = await client.invoke(RemotingCommand.request(
-            RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id}), REQUEST_TIMEOUT_S)
-        ends.append(_expect(answer, f"max offset of queue {queue_id}").get_long("offset"))
+            RequestCode.GET_MAX_OFFSET,
+            GetMaxOffsetRequest.write(topic=topic, queue_id=queue_id)), REQUEST_TIMEOUT_S)
+        ends.append(GetMaxOffsetResponse.read(
+            _expect(answer, f"max offset of queue {queue_id}").ext_fields).offset)
     return ends
 
 

@@ -43,6 +43,11 @@ from evq.domain.record import offset_msg_id
 from evq.domain.retry import FIRST_RETRY_LEVEL
 from evq.net.codes import RequestCode
 from evq.net.fastjson import queue_json
+from evq.net.headers.clients import (
+    ConsumerSendMsgBackRequest,
+    GetConsumerListByGroupRequest,
+    UnregisterClientRequest,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.routes import MASTER_ID
 from evq.net.transport import TransportError
@@ -153,8 +158,8 @@ class GroupMember:
         for addr in self._routes.all_addresses():
             try:
                 await self._pool.invoke(addr, RemotingCommand.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"clientID": self.client_id, "consumerGroup": self.group}))
+                    RequestCode.UNREGISTER_CLIENT, UnregisterClientRequest.write(
+                        client_id=self.client_id, consumer_group=self.group)))
             except TransportError as exc:
                 log.warning("unregister failed", addr=addr, error=str(exc))
 
@@ -163,7 +168,8 @@ class GroupMember:
         (it answers SYSTEM_ERROR "no consumer for this group")."""
         try:
             answer = await self._pool.call(addr, RemotingCommand.request(
-                RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}),
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                GetConsumerListByGroupRequest.write(consumer_group=self.group)),
                 "consumer list")
         except BrokerRefused as exc:
             if exc.code != ResponseCode.SYSTEM_ERROR:
@@ -255,11 +261,11 @@ class GroupMember:
             if addr is None:
                 raise ClientError(f"broker {queue.broker_name!r} has no master in the route")
             await self._pool.call(addr, RemotingCommand.request(
-                RequestCode.CONSUMER_SEND_MSG_BACK, {
-                "offset": msg.commit_log_offset, "group": self.group, "delayLevel": delay_level,
-                "originMsgId": offset_msg_id(msg.store_host, msg.commit_log_offset),
-                "originTopic": msg.topic, "unitMode": False,
-                "maxReconsumeTimes": max_reconsume_times}), "send back")
+                RequestCode.CONSUMER_SEND_MSG_BACK, ConsumerSendMsgBackRequest.write(
+                    offset=msg.commit_log_offset, group=self.group, delay_level=delay_level,
+                    origin_msg_id=offset_msg_id(msg.store_host, msg.commit_log_offset),
+                    origin_topic=msg.topic, max_reconsume_times=max_reconsume_times,
+                )), "send back")
             return True
         except (ClientError, TransportError) as exc:
             log.warning("send back failed; sending to the retry topic", queue=queue,

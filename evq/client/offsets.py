@@ -25,6 +25,15 @@ from evq.domain.queues import MessageQueue
 from evq.durable_fs import replace_durably
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.offsets import (
+    GetMaxOffsetRequest,
+    GetMaxOffsetResponse,
+    GetMinOffsetRequest,
+    QueryConsumerOffsetRequest,
+    QueryConsumerOffsetResponse,
+    SearchOffsetRequest,
+    UpdateConsumerOffsetRequest,
+)
 from evq.net.protocol import HeaderFieldError, RemotingCommand
 from evq.net.transport import TransportError
 
@@ -89,7 +98,7 @@ class RemoteOffsets(OffsetTable):
             raise ClientError(f"broker {queue.broker_name!r} has no address in the routes")
         return addr
 
-    async def _invoke(self, queue: MessageQueue, code: RequestCode, fields: dict[str, object]
+    async def _invoke(self, queue: MessageQueue, code: RequestCode, fields: dict[str, str]
                       ) -> RemotingCommand:
         """The request to where ``address_of`` says; after a transport failure, reported to
         ``failed``, once more to where it says then (a slave when the master just died)."""
@@ -105,13 +114,15 @@ class RemoteOffsets(OffsetTable):
             return await self._pool.invoke(again, RemotingCommand.request(code, fields))
 
     async def read(self, queue: MessageQueue) -> int:
-        answer = await self._invoke(queue, RequestCode.QUERY_CONSUMER_OFFSET, {
-            "consumerGroup": self.group, "topic": queue.topic, "queueId": queue.queue_id})
+        answer = await self._invoke(queue, RequestCode.QUERY_CONSUMER_OFFSET,
+                                    QueryConsumerOffsetRequest.write(
+                                        consumer_group=self.group, topic=queue.topic,
+                                        queue_id=queue.queue_id))
         if answer.code == ResponseCode.QUERY_NOT_FOUND:
             return -1
         if answer.code != ResponseCode.SUCCESS:
             raise BrokerRefused(answer.code, answer.remark, "query consumer offset")
-        return answer.get_long("offset")
+        return QueryConsumerOffsetResponse.read(answer.ext_fields).offset
 
     async def persist(self, queues: Iterable[MessageQueue]) -> None:
         for queue in queues:
@@ -119,9 +130,10 @@ class RemoteOffsets(OffsetTable):
             if offset is None:
                 continue
             try:
-                answer = await self._invoke(queue, RequestCode.UPDATE_CONSUMER_OFFSET, {
-                    "consumerGroup": self.group, "topic": queue.topic,
-                    "queueId": queue.queue_id, "commitOffset": offset})
+                answer = await self._invoke(queue, RequestCode.UPDATE_CONSUMER_OFFSET,
+                                            UpdateConsumerOffsetRequest.write(
+                                                consumer_group=self.group, topic=queue.topic,
+                                                queue_id=queue.queue_id, commit_offset=offset))
                 if answer.code != ResponseCode.SUCCESS:
                     raise BrokerRefused(answer.code, answer.remark, "update consumer offset")
             except (ClientError, TransportError) as exc:
@@ -159,28 +171,33 @@ class LocalOffsets(OffsetTable):
             await asyncio.to_thread(replace_durably, self.path, text.encode())
 
 
-async def _queue_offset(pool: BrokerPool, addr: str, code: RequestCode, queue: MessageQueue,
-                        what: str, **fields: object) -> int:
-    answer = await pool.call(addr, RemotingCommand.request(
-        code, {"topic": queue.topic, "queueId": queue.queue_id, **fields}), what)
-    return answer.get_long("offset")
+async def _queue_offset(pool: BrokerPool, addr: str, code: RequestCode,
+                        fields: dict[str, str], what: str) -> int:
+    answer = await pool.call(addr, RemotingCommand.request(code, fields), what)
+    # the answers of GET_MIN_OFFSET and SEARCH_OFFSET_BY_TIMESTAMP are the same header
+    return GetMaxOffsetResponse.read(answer.ext_fields).offset
 
 
 async def max_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
     """GET_MAX_OFFSET: where a consumer starting "from the last offset" begins."""
-    return await _queue_offset(pool, addr, RequestCode.GET_MAX_OFFSET, queue, "get max offset")
+    return await _queue_offset(pool, addr, RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequest.write(
+        topic=queue.topic, queue_id=queue.queue_id), "get max offset")
 
 
 async def min_offset(pool: BrokerPool, addr: str, queue: MessageQueue) -> int:
     """GET_MIN_OFFSET: the oldest message the queue still holds."""
-    return await _queue_offset(pool, addr, RequestCode.GET_MIN_OFFSET, queue, "get min offset")
+    return await _queue_offset(pool, addr, RequestCode.GET_MIN_OFFSET, GetMinOffsetRequest.write(
+        topic=queue.topic, queue_id=queue.queue_id), "get min offset")
 
 
 async def offset_for_time(pool: BrokerPool, addr: str, queue: MessageQueue,
                           timestamp_ms: int) -> int:
     """SEARCH_OFFSET_BY_TIMESTAMP: the first message stored at or after ``timestamp_ms``."""
-    return await _queue_offset(pool, addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, queue,
-                               "search offset by time", timestamp=timestamp_ms)
+    return await _queue_offset(pool, addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                               SearchOffsetRequest.write(
+                                   topic=queue.topic, queue_id=queue.queue_id,
+                                   timestamp=timestamp_ms),
+                               "search offset by time")
 
 
 def reset_offsets(body: bytes) -> dict[MessageQueue, int]:

@@ -41,6 +41,7 @@ from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
 from evq.domain.record import encode_batch
 from evq.net.codes import RequestCode
+from evq.net.headers.clients import UnregisterClientRequest
 from evq.net.headers.send import SendResponse
 from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
 from evq.net.security import ClientSecurity
@@ -216,8 +217,8 @@ class Producer:
         for addr in sorted(self._greeted):
             try:
                 await pool.invoke(addr, RemotingCommand.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"clientID": self.client_id, "producerGroup": self.group}))
+                    RequestCode.UNREGISTER_CLIENT, UnregisterClientRequest.write(
+                        client_id=self.client_id, producer_group=self.group)))
             except TransportError as exc:
                 log.warning("unregister failed", addr=addr, error=str(exc))
         self._greeted.clear()

@@ -28,6 +28,7 @@ from evq.domain import sysflag as sf
 from evq.domain.message import Message, Prop
 from evq.domain.record import decode, parse_offset_msg_id
 from evq.net.codes import RequestCode
+from evq.net.headers.transactions import CheckTransactionStateRequest, EndTransactionRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler, TransportError
 
@@ -117,16 +118,16 @@ class TransactionProducer(Producer):
         task.add_done_callback(self._checks.discard)
 
     async def _answer_check(self, conn: Connection, cmd: RemotingCommand) -> None:
+        h = CheckTransactionStateRequest.read(cmd.ext_fields)
         msg = decode(cmd.body or b"", check_crc=False)
-        tx_id = cmd.get_str("transactionId", "") or msg.properties.get(Prop.UNIQ_KEY, "")
+        tx_id = h.transaction_id or msg.properties.get(Prop.UNIQ_KEY, "")
         state = await self._ask(self.listener.check, msg, tx_id=tx_id)
 
         async def reply(request: RemotingCommand) -> None:
             conn.send_oneway(request)
 
-        await self._end(reply, cmd.get_long("tranStateTableOffset"),
-                        cmd.get_long("commitLogOffset"), state, tx_id, from_check=True,
-                        msg_id=cmd.get_str("msgId", tx_id))
+        await self._end(reply, h.tran_state_table_offset, h.commit_log_offset, state, tx_id,
+                        from_check=True, msg_id=h.msg_id)
 
     @staticmethod
     async def _ask(fn: Callable[..., StateOrAwaitable], *args: object, tx_id: str
@@ -150,12 +151,11 @@ class TransactionProducer(Producer):
     async def _end(self, send: Callable[[RemotingCommand], Awaitable[None]],
                    queue_offset: int, commit_log_offset: int, state: TransactionState,
                    tx_id: str, *, from_check: bool, msg_id: str | None = None) -> None:
-        request = RemotingCommand.request(RequestCode.END_TRANSACTION, {
-            "producerGroup": self.group, "tranStateTableOffset": queue_offset,
-            "commitLogOffset": commit_log_offset, "commitOrRollback": state.value,
-            "fromTransactionCheck": from_check, "msgId": msg_id or tx_id,
-            "transactionId": tx_id,
-        }, oneway=True)
+        request = RemotingCommand.request(RequestCode.END_TRANSACTION, EndTransactionRequest.write(
+            producer_group=self.group, tran_state_table_offset=queue_offset,
+            commit_log_offset=commit_log_offset, commit_or_rollback=state.value,
+            from_transaction_check=from_check, msg_id=msg_id or tx_id, transaction_id=tx_id,
+        ), oneway=True)
         try:
             await send(request)
         except TransportError as exc:  # lost: the broker's check-back asks again

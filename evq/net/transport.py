@@ -16,8 +16,9 @@ SYSTEM_ERROR (and a log line); oneway requests (flag bit 1) get nothing.  A proc
 looks like::
 
     async def get_max_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic, queue_id = cmd.get_str("topic"), cmd.get_int("queueId")
-        return cmd.response(fields={"offset": broker.max_offset(topic, queue_id)})
+        h = GetMaxOffsetRequest.read(cmd.ext_fields)    # evq.net.headers.offsets
+        offset = broker.max_offset(h.topic, h.queue_id)
+        return cmd.response(fields=GetMaxOffsetResponse.write(offset=offset))
 
     dispatcher = Dispatcher({RequestCode.GET_MAX_OFFSET: get_max_offset})
     server = RemotingServer("127.0.0.1", 10911, dispatcher)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from evq import logs
+from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.filters import FilterError, parse_subscription
@@ -15,8 +16,20 @@ from evq.domain.membership import ConsumerData, Heartbeat
 from evq.domain.queues import MessageQueue
 from evq.domain.retry import send_back
 from evq.net.broker.context import BrokerContext
-from evq.net.codes import RequestCode
+from evq.net.codes import RequestCode, Version
 from evq.net.fastjson import queue_json
+from evq.net.headers.clients import (
+    ConsumerSendMsgBackRequest,
+    GetConsumerListByGroupRequest,
+    NotifyConsumerIdsChangedRequest,
+    UnregisterClientRequest,
+)
+from evq.net.headers.offsets import (
+    QueryConsumerOffsetRequest,
+    QueryConsumerOffsetResponse,
+    UpdateConsumerOffsetRequest,
+)
+from evq.net.headers.transactions import EndTransactionRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
 
@@ -29,7 +42,6 @@ CONSUME_FROM = {0: "CONSUME_FROM_LAST_OFFSET",
                 1: "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST",
                 2: "CONSUME_FROM_MIN_OFFSET", 3: "CONSUME_FROM_MAX_OFFSET",
                 4: "CONSUME_FROM_FIRST_OFFSET", 5: "CONSUME_FROM_TIMESTAMP"}
-COMMIT_TYPE, ROLLBACK_TYPE = 8, 12
 
 
 def _enum(value: object, names: Mapping[int, str]) -> str:
@@ -118,13 +130,9 @@ def notify_ids_changed(ctx: BrokerContext, groups: Iterable[str]) -> None:
             conn = member.connection
             if isinstance(conn, Connection) and not conn.is_closed:
                 conn.send_oneway(RemotingCommand.request(
-                    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group},
+                    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                    NotifyConsumerIdsChangedRequest.write(consumer_group=group),
                     oneway=True))
-
-
-TAKE_IF_NEWER = "evqTakeIfNewer"
-"""UPDATE_CONSUMER_OFFSET from a slave to its returned master: keep the offset only where it
-is ahead of the master's own (evq's extension; RocketMQ clients never send it)."""
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
@@ -146,22 +154,22 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response()
 
     async def unregister(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        changed = ctx.membership.unregister(
-            conn, consumer_group=cmd.get_str("consumerGroup", None, empty_as_absent=True),
-            producer_group=cmd.get_str("producerGroup", None, empty_as_absent=True))
+        h = UnregisterClientRequest.read(cmd.ext_fields)
+        changed = ctx.membership.unregister(conn, consumer_group=h.consumer_group,
+                                            producer_group=h.producer_group)
         notify_ids_changed(ctx, changed)
         return cmd.response()
 
     async def consumer_list(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        group = cmd.get_str("consumerGroup")
+        group = GetConsumerListByGroupRequest.read(cmd.ext_fields).consumer_group
         ids = ctx.membership.client_ids(group)
         if not ids:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return cmd.response(body=json.dumps({"consumerIdList": ids}).encode())
 
     async def query_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        group, topic, qid = (cmd.get_str("consumerGroup"), cmd.get_str("topic"),
-                             cmd.get_int("queueId"))
+        h = QueryConsumerOffsetRequest.read(cmd.ext_fields)
+        group, topic, qid = h.consumer_group, h.topic, h.queue_id
         offset = ctx.core.query_offset(group, topic, qid)
         if offset < 0:
             lo, _hi = ctx.core.log.bounds(topic, qid)
@@ -169,22 +177,23 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
                 raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
                                   "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
             offset = 0
-        return cmd.response(fields={"offset": offset})
+        return cmd.response(fields=QueryConsumerOffsetResponse.write(offset=offset))
 
     async def update_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        key = (cmd.get_str("consumerGroup"), cmd.get_str("topic"), cmd.get_int("queueId"))
-        offset = cmd.get_long("commitOffset")
-        if cmd.get_bool(TAKE_IF_NEWER, False):  # a slave handing back what it kept
-            ctx.core.take_newer_offsets({key: offset})
+        h = UpdateConsumerOffsetRequest.read(cmd.ext_fields)
+        key = (h.consumer_group, h.topic, h.queue_id)
+        if h.take_if_newer:  # a slave handing back what it kept
+            ctx.core.take_newer_offsets({key: h.commit_offset})
         else:
-            ctx.core.commit_offset(*key, offset)
+            ctx.core.commit_offset(*key, h.commit_offset)
         return cmd.response()
 
     async def send_msg_back(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        max_times = cmd.get_int("maxReconsumeTimes", None) if cmd.version >= 121 else None
+        h = ConsumerSendMsgBackRequest.read(cmd.ext_fields)
+        max_times = h.max_reconsume_times if cmd.version >= Version.V3_4_9 else None
         result = await ctx.blocking(lambda: send_back(
-            ctx.core, cmd.get_str("group"), cmd.get_long("offset"),
-            delay_level=cmd.get_int("delayLevel", 0), max_reconsume_times=max_times))
+            ctx.core, h.group, h.offset, delay_level=h.delay_level,
+            max_reconsume_times=max_times))
         if not result.ok:  # the consumer then retries the message itself: it must not be lost
             return cmd.response(result.code, ctx.core.refusal_remark(result.status))
         return cmd.response()
@@ -205,13 +214,14 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response()
 
     async def end_transaction(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-        kind = cmd.get_int("commitOrRollback")
-        commit = {COMMIT_TYPE: True, ROLLBACK_TYPE: False}.get(kind)
+        h = EndTransactionRequest.read(cmd.ext_fields)
+        commit = {sf.TRANSACTION_COMMIT_TYPE: True,
+                  sf.TRANSACTION_ROLLBACK_TYPE: False}.get(h.commit_or_rollback)
         if commit is None:
             return None  # state unknown: Java sends no answer and waits for the check
         result = await ctx.blocking(
-            ctx.engine.transactions.end, cmd.get_str("producerGroup"),
-            cmd.get_long("tranStateTableOffset"), cmd.get_long("commitLogOffset"), commit)
+            ctx.engine.transactions.end, h.producer_group, h.tran_state_table_offset,
+            h.commit_log_offset, commit)
         if result is not None and not result.ok:
             return cmd.response(result.code, ctx.core.refusal_remark(result.status))
         return cmd.response()

@@ -5,36 +5,52 @@ from __future__ import annotations
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.broker.context import BrokerContext
 from evq.net.codes import RequestCode
+from evq.net.headers.offsets import (
+    GetEarliestMsgStoretimeRequest,
+    GetEarliestMsgStoretimeResponse,
+    GetMaxOffsetRequest,
+    GetMaxOffsetResponse,
+    GetMinOffsetRequest,
+    GetMinOffsetResponse,
+    SearchOffsetRequest,
+    SearchOffsetResponse,
+)
+from evq.net.headers.queries import (
+    DEFAULT_QUERY_MAX,
+    QueryMessageRequest,
+    QueryMessageResponse,
+    ViewMessageRequest,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import Connection, Handler
-
-DEFAULT_QUERY_MAX = 32  # defaultQueryMaxNum
 
 
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     log = ctx.core.log
 
-    def queue(cmd: RemotingCommand) -> tuple[str, int]:
-        return cmd.get_str("topic"), cmd.get_int("queueId")
-
     async def max_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(fields={"offset": log.bounds(*queue(cmd))[1]})
+        h = GetMaxOffsetRequest.read(cmd.ext_fields)
+        return cmd.response(fields=GetMaxOffsetResponse.write(
+            offset=log.bounds(h.topic, h.queue_id)[1]))
 
     async def min_offset(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(fields={"offset": log.bounds(*queue(cmd))[0]})
+        h = GetMinOffsetRequest.read(cmd.ext_fields)
+        return cmd.response(fields=GetMinOffsetResponse.write(
+            offset=log.bounds(h.topic, h.queue_id)[0]))
 
     async def by_timestamp(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic, qid = queue(cmd)
-        return cmd.response(fields={
-            "offset": log.offset_for_time(topic, qid, cmd.get_long("timestamp"))})
+        h = SearchOffsetRequest.read(cmd.ext_fields)
+        return cmd.response(fields=SearchOffsetResponse.write(
+            offset=log.offset_for_time(h.topic, h.queue_id, h.timestamp)))
 
     async def earliest_time(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        topic, qid = queue(cmd)
-        lo, _hi = log.bounds(topic, qid)
-        return cmd.response(fields={"timestamp": log.store_time_at(topic, qid, lo)})
+        h = GetEarliestMsgStoretimeRequest.read(cmd.ext_fields)
+        lo, _hi = log.bounds(h.topic, h.queue_id)
+        return cmd.response(fields=GetEarliestMsgStoretimeResponse.write(
+            timestamp=log.store_time_at(h.topic, h.queue_id, lo)))
 
     async def view_by_id(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        offset = cmd.get_long("offset")
+        offset = ViewMessageRequest.read(cmd.ext_fields).offset
         view = log.lookup(offset)
         if view is None:
             raise BrokerError(ResponseCode.SYSTEM_ERROR,
@@ -42,18 +58,16 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         return cmd.response(body=bytes(view))
 
     async def query_message(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        unique = cmd.get_bool("_UNIQUE_KEY_QUERY", False)
-        max_num = DEFAULT_QUERY_MAX if unique else cmd.get_int("maxNum", DEFAULT_QUERY_MAX)
-        r = log.query_keys(cmd.get_str("topic"), cmd.get_str("key"), max_num,
-                           cmd.get_long("beginTimestamp", 0),
-                           cmd.get_long("endTimestamp", 2**63 - 1))
+        h = QueryMessageRequest.read(cmd.ext_fields)
+        max_num = DEFAULT_QUERY_MAX if h.unique_key_query else h.max_num
+        r = log.query_keys(h.topic, h.key, max_num, h.begin_timestamp, h.end_timestamp)
         if not r.records:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
                               "can not find message, maybe time range not correct")
-        return cmd.response(fields={
-            "indexLastUpdateTimestamp": r.index_last_update_timestamp,
-            "indexLastUpdatePhyoffset": r.index_last_update_physical_offset,
-        }, body=b"".join(r.records))
+        return cmd.response(fields=QueryMessageResponse.write(
+            index_last_update_timestamp=r.index_last_update_timestamp,
+            index_last_update_phyoffset=r.index_last_update_physical_offset,
+        ), body=b"".join(r.records))
 
     return {
         RequestCode.GET_MAX_OFFSET: max_offset,

@@ -41,6 +41,8 @@ from evq.net.broker.names import names_checked
 from evq.net.broker.stats import BrokerStats
 from evq.net.codes import RequestCode
 from evq.net.durable import DurableWaker
+from evq.net.headers.offsets import UpdateConsumerOffsetRequest
+from evq.net.headers.transactions import CheckTransactionStateRequest
 from evq.net.long_polling import PullHolds
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity
@@ -84,13 +86,12 @@ class CheckBack:
         real = attrs.evolve(half, topic=half.properties.get(Prop.REAL_TOPIC, half.topic),
                             queue_id=int(half.properties.get(Prop.REAL_QID, "0") or 0))
         uniq = half.properties.get(Prop.UNIQ_KEY, "")
-        request = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {
-            "tranStateTableOffset": half.queue_offset,
-            "commitLogOffset": half.commit_log_offset,
-            "msgId": uniq,
-            "transactionId": half.properties.get(Prop.TRANSACTION_ID, uniq),
-            "offsetMsgId": offset_msg_id(half.store_host, half.commit_log_offset),
-        }, bytes(encode(real)), oneway=True)
+        fields = CheckTransactionStateRequest.write(
+            tran_state_table_offset=half.queue_offset, commit_log_offset=half.commit_log_offset,
+            msg_id=uniq, transaction_id=half.properties.get(Prop.TRANSACTION_ID, uniq),
+            offset_msg_id=offset_msg_id(half.store_host, half.commit_log_offset))
+        request = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, fields,
+                                          bytes(encode(real)), oneway=True)
         self.ctx.loop.call_soon_threadsafe(conn.send_oneway, request)
         return True
 
@@ -251,9 +252,9 @@ class BrokerServer:
                                       security=self.security) as client:
                 for (group, topic, queue_id), offset in commits.items():
                     await client.invoke(RemotingCommand.request(
-                        RequestCode.UPDATE_CONSUMER_OFFSET,
-                        {"consumerGroup": group, "topic": topic, "queueId": queue_id,
-                         "commitOffset": offset, clients.TAKE_IF_NEWER: True}), HAND_BACK_S)
+                        RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequest.write(
+                            consumer_group=group, topic=topic, queue_id=queue_id,
+                            commit_offset=offset, take_if_newer=True)), HAND_BACK_S)
         except TransportError as exc:
             log.warning("offsets_not_handed_back", master=master, error=str(exc))
             return
