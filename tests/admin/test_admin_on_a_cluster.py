@@ -14,6 +14,7 @@ import pytest
 
 from evq.domain.codes import ResponseCode
 from evq.net.codes import RequestCode
+from evq.net.headers.offsets import UpdateConsumerOffsetRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, run, split_address
 from tests.cluster import GROUPS, Cluster, running_cluster
@@ -66,9 +67,10 @@ async def member_of_both_groups(cluster: Cluster, while_member: Callable[[], Non
             answer = await client.invoke(RemotingCommand.request(
                 RequestCode.HEART_BEAT, body=json.dumps(BEAT).encode()), 5.0)
             assert answer.code == ResponseCode.SUCCESS, answer.remark
-            await client.invoke(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-                "consumerGroup": "SpreadGroup", "topic": "Spread", "queueId": 0,
-                "commitOffset": 0}), 5.0)
+            await client.invoke(RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequest.write(
+                    consumer_group="SpreadGroup", topic="Spread", queue_id=0,
+                    commit_offset=0)), 5.0)
         await asyncio.to_thread(while_member)
 
 

@@ -22,6 +22,11 @@ from evq.domain.record import decode
 from evq.ha.log_window import LogWindow
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.offsets import (
+    QueryConsumerOffsetRequest,
+    QueryConsumerOffsetResponse,
+    UpdateConsumerOffsetRequest,
+)
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, TransportError, split_address
 from tests.processes import Running, running_broker, running_evq, running_namesrv
@@ -124,9 +129,10 @@ async def committed(addr: str, group: str, topic: str, queues: int) -> list[int]
     async with RemotingClient(*split_address(addr)) as client:
         for q in range(queues):
             answer = await client.invoke(RemotingCommand.request(
-                RequestCode.QUERY_CONSUMER_OFFSET,
-                {"consumerGroup": group, "topic": topic, "queueId": q}), 5.0)
-            out.append(answer.get_long("offset") if answer.code == 0 else -1)
+                RequestCode.QUERY_CONSUMER_OFFSET, QueryConsumerOffsetRequest.write(
+                    consumer_group=group, topic=topic, queue_id=q)), 5.0)
+            out.append(QueryConsumerOffsetResponse.read(answer.ext_fields).offset
+                       if answer.code == 0 else -1)
     return out
 
 
@@ -134,9 +140,9 @@ async def commit_offset(addr: str, group: str, topic: str, queue_id: int, offset
     """Commit a consumer offset on one broker, as a consumer's UPDATE_CONSUMER_OFFSET does."""
     async with RemotingClient(*split_address(addr)) as client:
         answer = await client.invoke(RemotingCommand.request(
-            RequestCode.UPDATE_CONSUMER_OFFSET,
-            {"consumerGroup": group, "topic": topic, "queueId": queue_id,
-             "commitOffset": offset}), 5.0)
+            RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequest.write(
+                consumer_group=group, topic=topic, queue_id=queue_id,
+                commit_offset=offset)), 5.0)
     assert answer.code == 0, answer.remark
 
 
