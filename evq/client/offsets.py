@@ -25,6 +25,7 @@ from evq.domain.queues import MessageQueue
 from evq.durable_fs import replace_durably
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import ResetOffsetRequest
 from evq.net.headers.offsets import (
     GetMaxOffsetRequest,
     GetMaxOffsetResponse,
@@ -218,7 +219,7 @@ def reset_notice(cmd: RemotingCommand, group: str) -> dict[MessageQueue, int]:
     """The offsets a RESET_CONSUMER_CLIENT_OFFSET sets for ``group``; nothing when it is for
     another group or unreadable (logged: a broker's oneway notice cannot be answered)."""
     try:
-        if cmd.get_str("group") != group:
+        if ResetOffsetRequest.read(cmd.ext_fields).group != group:
             return {}
         return reset_offsets(cmd.body)
     except (ClientError, HeaderFieldError) as exc:

@@ -16,6 +16,7 @@ from evq.client.routes import BrokerPool
 from evq.domain.queues import MessageQueue
 from evq.net import fastjson
 from evq.net.codes import RequestCode
+from evq.net.headers.admin import ResetOffsetRequest
 from evq.net.protocol import RemotingCommand
 from tests.client.conftest import Served
 from tests.ha.group import free_port
@@ -51,10 +52,13 @@ def test_a_notice_for_another_group_or_unreadable_sets_nothing() -> None:
     def notice(fields: dict[str, object], body: bytes) -> RemotingCommand:
         return RemotingCommand.request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, fields, body)
 
-    assert reset_notice(notice({"group": "G", "topic": "T"}, body), "G") == {q: 7}
-    assert reset_notice(notice({"group": "other", "topic": "T"}, body), "G") == {}
-    assert reset_notice(notice({"topic": "T"}, body), "G") == {}
-    assert reset_notice(notice({"group": "G"}, b"not json"), "G") == {}
+    def reset_of(group: str) -> dict[str, str]:
+        return ResetOffsetRequest.write(topic="T", group=group, timestamp=0)
+
+    assert reset_notice(notice(reset_of("G"), body), "G") == {q: 7}
+    assert reset_notice(notice(reset_of("other"), body), "G") == {}
+    assert reset_notice(notice({"topic": "T", "timestamp": "0"}, body), "G") == {}
+    assert reset_notice(notice(reset_of("G"), b"not json"), "G") == {}
 
 
 async def test_a_commit_the_dead_master_refuses_goes_to_the_live_slave(cluster: Served) -> None:
