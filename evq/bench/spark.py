@@ -50,6 +50,7 @@ from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
 from evq.domain.message import new_message
 from evq.domain.queues import MessageQueue
+from evq.net.headers.pull import PullResponse
 
 log = logs.get_logger(__name__)
 
@@ -197,7 +198,7 @@ async def _pull_floor(namesrv: str, expected: int) -> float:
                 if answer.code != ResponseCode.SUCCESS:
                     return got
                 got += count_records(answer.body)
-                offset = answer.get_long("nextBeginOffset")
+                offset = PullResponse.read(answer.ext_fields).next_begin_offset
 
         started = time.perf_counter()
         pulled = sum(await asyncio.gather(*(drain(q) for q in queues)))

@@ -46,7 +46,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Mapping
-from typing import Final, TypeVar, overload
+from typing import Final
 
 import attrs
 import orjson
@@ -144,8 +144,6 @@ def ext_fields(fields: Mapping[str, object] | None) -> dict[str, str]:
     return {k: ext_value(v) for k, v in fields.items() if v is not None}
 
 
-_REQUIRED: Final = object()
-_T = TypeVar("_T")
 _INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # no longer: int() of huge texts is slow, then fails
 _TRUE = frozenset({"1", "true"})
 _FALSE = frozenset({"0", "false"})
@@ -167,8 +165,8 @@ def _integer(low: int, high: int, kind: str) -> Callable[[str, str], int]:
 parse_int_field = _integer(INT32_MIN, INT32_MAX, "int")
 """``parse_int_field(name, text)``: a header field's text as a Java ``int``; a
 :class:`HeaderFieldError` naming the field otherwise.  For header parsers that read fields
-straight from ``ext_fields`` (:mod:`evq.net.send_header`), as :meth:`RemotingCommand.get_int`
-does."""
+straight from ``ext_fields``: the declared headers (:mod:`evq.net.headers`) and the send
+header (:mod:`evq.net.send_header`)."""
 parse_long_field = _integer(INT64_MIN, INT64_MAX, "long")
 """As :data:`parse_int_field`, for a Java ``long``."""
 
@@ -189,11 +187,11 @@ class RemotingCommand:
     ``code`` is a :class:`~evq.net.codes.RequestCode` on requests and a
     :class:`~evq.domain.codes.ResponseCode` on responses, kept as a plain int because peers send
     codes neither enum knows.  ``ext_fields`` are the flattened request/response header fields,
-    always strings (a converter coerces whatever is passed to the constructor); read them with
-    the typed ``get_*`` accessors.  Assignments after construction are plain slot writes, not
-    converted (the transport stamps ``opaque`` and ``flag`` on every request it sends, and
-    attrs' converting ``__setattr__`` cost more than the rest of that): assign ``ext_fields``
-    only a ``dict[str, str]``.
+    always strings (a converter coerces whatever is passed to the constructor); read them
+    through the header they make (:mod:`evq.net.headers`).  Assignments after construction
+    are plain slot writes, not converted (the transport stamps ``opaque`` and ``flag`` on
+    every request it sends, and attrs' converting ``__setattr__`` cost more than the rest of
+    that): assign ``ext_fields`` only a ``dict[str, str]``.
     """
 
     code: int
@@ -258,57 +256,6 @@ class RemotingCommand:
         """
         return RemotingCommand.direct(code, EVQ_LANGUAGE, EVQ_VERSION, self.opaque, RESPONSE_FLAG,
                                       remark, ext_fields(fields), body, self.serialize_type)
-
-    # Typed extFields accessors.  Without a default a field is required and its absence is a
-    # HeaderFieldError naming it; with one, the default stands in for an absent field.
-
-    @overload
-    def get_str(self, name: str, *, empty_as_absent: bool = ...) -> str: ...
-    @overload
-    def get_str(self, name: str, default: _T, *, empty_as_absent: bool = ...) -> str | _T: ...
-    def get_str(
-        self, name: str, default: object = _REQUIRED, *, empty_as_absent: bool = False
-    ) -> object:
-        """A string field; ``empty_as_absent`` for fields a client fills with ``""`` when it
-        means "none" (the C++ client's unused producer/consumer group in UNREGISTER_CLIENT)."""
-        value = self.ext_fields.get(name)
-        if value is None or (empty_as_absent and value == ""):
-            return self._absent(name, default)
-        return value
-
-    @overload
-    def get_int(self, name: str) -> int: ...
-    @overload
-    def get_int(self, name: str, default: _T) -> int | _T: ...
-    def get_int(self, name: str, default: object = _REQUIRED) -> object:
-        """A Java ``int`` field (32-bit signed)."""
-        value = self.ext_fields.get(name)  # inline, not through _typed: ~10 reads a request
-        return self._absent(name, default) if value is None else parse_int_field(name, value)
-
-    @overload
-    def get_long(self, name: str) -> int: ...
-    @overload
-    def get_long(self, name: str, default: _T) -> int | _T: ...
-    def get_long(self, name: str, default: object = _REQUIRED) -> object:
-        """A Java ``long`` field (64-bit signed)."""
-        value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else parse_long_field(name, value)
-
-    @overload
-    def get_bool(self, name: str) -> bool: ...
-    @overload
-    def get_bool(self, name: str, default: _T) -> bool | _T: ...
-    def get_bool(self, name: str, default: object = _REQUIRED) -> object:
-        """``"true"``/``"1"`` (any case) or ``"false"``/``"0"``: Java clients send the first
-        spelling, the C++ client the second."""
-        value = self.ext_fields.get(name)
-        return self._absent(name, default) if value is None else parse_bool_field(name, value)
-
-    @staticmethod
-    def _absent(name: str, default: object) -> object:
-        if default is _REQUIRED:
-            raise HeaderFieldError(f"the custom field <{name}> is null")
-        return default
 
     def encode(self) -> bytes:
         """The whole frame.  Raises :class:`ProtocolError` for a field the layout cannot hold."""

@@ -25,6 +25,9 @@ from evq.net.protocol import (
     RemotingCommand,
     SerializeType,
     ext_fields,
+    parse_bool_field,
+    parse_int_field,
+    parse_long_field,
 )
 from tests.strategies import remoting_commands
 
@@ -178,9 +181,9 @@ def test_cpp_request_with_trailing_newline_and_int_fields() -> None:
     assert cmd.remark == ""
     assert cmd.body == b"hello"
     assert cmd.ext_fields["queueId"] == "2"
-    assert cmd.get_int("queueId") == 2
-    assert cmd.get_bool("batch") is False
-    assert cmd.get_str("producerGroup") == "pg"
+    assert parse_int_field("queueId", cmd.ext_fields["queueId"]) == 2
+    assert parse_bool_field("batch", cmd.ext_fields["batch"]) is False
+    assert cmd.ext_fields["producerGroup"] == "pg"
 
 
 def test_ali_ons_request_in_its_own_key_order_with_js_values() -> None:
@@ -194,8 +197,7 @@ def test_ali_ons_request_in_its_own_key_order_with_js_values() -> None:
     assert cmd.opaque == 5
     assert cmd.version == Version.V3_4_9
     assert cmd.remark is None
-    assert cmd.get_long("queueOffset") == 1_700_000_000_000
-    assert cmd.get_bool("unitMode") is False
+    assert parse_long_field("queueOffset", cmd.ext_fields["queueOffset"]) == 1_700_000_000_000
     assert cmd.ext_fields["unitMode"] == "false"
     assert cmd.ext_fields["queueId"] == "0"
 
@@ -397,68 +399,40 @@ def test_opaque_counter_stays_positive_31_bit() -> None:
     assert [counter(), counter()] == [INT32_MAX, 1]
 
 
-# --- typed extFields accessors -------------------------------------------------------------
+# --- header field values -------------------------------------------------------------------
+# (Headers are read with these through evq.net.headers: tests/net/test_headers.py.)
 
 
-@pytest.fixture
-def header() -> RemotingCommand:
-    return RemotingCommand(
-        code=RequestCode.PULL_MESSAGE,
-        ext_fields={
-            "queueId": "3", "queueOffset": "-9223372036854775808", "big": "2147483648",
-            "one": "1", "yes": "TRUE", "zero": "0", "no": "False", "maybe": "yes",
-            "empty": "", "word": "abc", "group": "g", "spaced": " 1",
-        },
-    )
-
-
-def test_typed_values(header: RemotingCommand) -> None:
-    assert header.get_int("queueId") == 3
-    assert header.get_long("queueOffset") == -(2**63)
-    assert header.get_long("big") == 2**31
-    assert [header.get_bool(k) for k in ("one", "yes", "zero", "no")] == [True, True, False, False]
-    assert header.get_str("group") == "g"
-
-
-def test_absent_fields_take_the_default(header: RemotingCommand) -> None:
-    assert header.get_int("missing", -1) == -1
-    assert header.get_long("missing", None) is None
-    assert header.get_bool("missing", False) is False
-    assert header.get_str("missing", "dflt") == "dflt"
-
-
-def test_empty_string_is_absent_only_when_asked(header: RemotingCommand) -> None:
-    assert header.get_str("empty") == ""
-    assert header.get_str("empty", None, empty_as_absent=True) is None
-    with pytest.raises(HeaderFieldError, match="<empty> is null"):
-        header.get_str("empty", empty_as_absent=True)
+def test_typed_values() -> None:
+    assert parse_int_field("queueId", "3") == 3
+    assert parse_long_field("queueOffset", "-9223372036854775808") == -(2**63)
+    assert parse_long_field("big", "2147483648") == 2**31
+    assert [parse_bool_field("b", t) for t in ("1", "TRUE", "0", "False")] == [
+        True, True, False, False]
 
 
 @pytest.mark.parametrize(
-    ("getter", "name", "message"),
+    ("parse", "text", "message"),
     [
-        ("get_int", "missing", "the custom field <missing> is null"),
-        ("get_str", "missing", "the custom field <missing> is null"),
-        ("get_int", "big", "<big> is not a valid int"),
-        ("get_int", "word", "<word> is not a valid int"),
-        ("get_int", "spaced", "<spaced> is not a valid int"),
-        ("get_long", "empty", "<empty> is not a valid long"),
-        ("get_bool", "maybe", "<maybe> is not a valid boolean"),
+        (parse_int_field, "2147483648", "<f> is not a valid int"),
+        (parse_int_field, "abc", "<f> is not a valid int"),
+        (parse_int_field, " 1", "<f> is not a valid int"),
+        (parse_long_field, "", "<f> is not a valid long"),
+        (parse_bool_field, "yes", "<f> is not a valid boolean"),
     ],
 )
-def test_bad_or_missing_required_fields_are_system_errors_naming_the_field(
-    header: RemotingCommand, getter: str, name: str, message: str
+def test_bad_fields_are_system_errors_naming_the_field(
+    parse: Callable[[str, str], object], text: str, message: str
 ) -> None:
     with pytest.raises(BrokerError) as info:
-        getattr(header, getter)(name)
+        parse("f", text)
     assert info.value.code is ResponseCode.SYSTEM_ERROR
     assert message in info.value.remark
 
 
 def test_huge_numeric_text_is_a_field_error_not_a_crash() -> None:
-    cmd = RemotingCommand(code=1, ext_fields={"n": "9" * 10_000})
     with pytest.raises(HeaderFieldError):
-        cmd.get_long("n")
+        parse_long_field("n", "9" * 10_000)
     with pytest.raises(ProtocolError):
         decode_all(frame(b'{"code":1,"opaque":"' + b"9" * 10_000 + b'"}'))
 

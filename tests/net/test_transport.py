@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from evq.domain.clock import ManualClock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.codes import RequestCode
+from evq.net.headers.offsets import GetMaxOffsetRequest
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import (
     REQUEST_TASK_NAME,
@@ -312,7 +313,7 @@ async def test_handler_failures_are_answered_and_the_connection_survives(eager: 
         raise RuntimeError("boom")
 
     async def needs_field(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(fields={"q": cmd.get_int("queueId")})
+        return cmd.response(fields={"q": GetMaxOffsetRequest.read(cmd.ext_fields).queue_id})
 
     handlers = {1001: refuse, 1002: crash, 1003: needs_field, ECHO: echo}
     async with serving(handlers, eager=eager) as server, client_of(server) as client:
@@ -326,7 +327,7 @@ async def test_handler_failures_are_answered_and_the_connection_survives(eager: 
         assert logs[0]["log_level"] == "error"
         missing = await client.invoke(RemotingCommand.request(1003), TIMEOUT)
         assert missing.code == ResponseCode.SYSTEM_ERROR
-        assert missing.remark == "the custom field <queueId> is null"
+        assert missing.remark == "the custom field <topic> is null"
         assert (await client.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
         assert len(server.connections) == 1
 

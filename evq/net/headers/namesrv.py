@@ -78,7 +78,7 @@ class PutKVConfigRequest(Header):
 
 @header
 class GetKVConfigRequest(Header):
-    """GET_KV_CONFIG (101)."""
+    """GET_KV_CONFIG (101); also DELETE_KV_CONFIG's (102) request."""
 
     namespace: str = wire("namespace")
     key: str = wire("key")
@@ -93,15 +93,10 @@ class GetKVConfigResponse(Header):
 
 
 @header
-class DeleteKVConfigRequest(Header):
-    """DELETE_KV_CONFIG (102)."""
-
-    namespace: str = wire("namespace")
-    key: str = wire("key")
-
-
-@header
 class GetKVListByNamespaceRequest(Header):
     """GET_KVLIST_BY_NAMESPACE (219)."""
 
     namespace: str = wire("namespace")
+
+
+DeleteKVConfigRequest = GetKVConfigRequest
