@@ -85,6 +85,8 @@ def received(msg: RecvMessage) -> dict[str, Any]:
 
 
 ROUTE_RACE_RETRIES = 5
+SEND_TIMEOUT_MS = 1000
+"""produce-forever's send timeout (see :func:`produce_forever`)."""
 
 
 def routed(send: Callable[..., T], *args: Any) -> T:
@@ -151,8 +153,15 @@ def produce(namesrv: str, topic: str, mode: str, count: int) -> None:
 def produce_forever(namesrv: str, topic: str, tag: str) -> None:
     """Synchronous sends of ``TAG-i`` (as the ``seq`` property and the body) until killed; a
     failed send is reported and the next one follows (as an application that logs and goes
-    on would), so a broker down for a while costs sends, not the producer."""
-    producer = with_credentials(Producer(f"PG-{tag}", timeout=3000))
+    on would), so a broker down for a while costs sends, not the producer.
+
+    The send timeout is short: the C++ client does not notice its connection closed under a
+    send in flight when the broker is SIGKILLed, so that send is answered by the timeout
+    alone (and retried on the restarted broker), and a chaos round lasts at least this long.
+    1 s is still hundreds of times a send's round trip on a loaded machine; a send that does
+    time out is retried by the client or reported as failed, and a chaos test counts both
+    (as duplicates, as failed sends) without failing on them."""
+    producer = with_credentials(Producer(f"PG-{tag}", timeout=SEND_TIMEOUT_MS))
     producer.set_namesrv_addr(namesrv)
     producer.start()
     i = 0
