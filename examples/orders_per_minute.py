@@ -3,7 +3,9 @@
 Reads the ``orders`` topic as a stream (JSON bodies decoded by the connector), sums the
 amounts per one-minute window of order time, and writes each closed window as a JSON message
 to ``orders-per-minute``.  Stop it with Ctrl-C; run it again and it goes on from its
-checkpoint.
+checkpoint.  With ``--until-caught-up`` it stops by itself once it has processed everything
+the topic holds and written every window that closes (a batch with no new data runs when the
+watermark has passed a window, and emits it).
 
     python examples/orders_per_minute.py -n 127.0.0.1:9876 --checkpoint /tmp/opm-checkpoint
 """
@@ -28,8 +30,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="./evq-checkpoints/orders-per-minute",
                         help="where the query keeps its progress (beside ./evq-data: a "
                              "store wiped means this goes too)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="stop after this long (default: run until interrupted)")
+    stop = parser.add_mutually_exclusive_group()
+    stop.add_argument("--seconds", type=float, default=None,
+                      help="stop after this long (default: run until interrupted)")
+    stop.add_argument("--until-caught-up", action="store_true",
+                      help="stop once every order the topic holds is aggregated and every "
+                           "closed window written")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").appName("orders-per-minute")
@@ -54,7 +60,10 @@ def main() -> None:
     query = (out.writeStream.format("evq").option("namesrv", args.namesrv)
              .option("checkpointLocation", args.checkpoint).outputMode("append").start())
     try:
-        query.awaitTermination(args.seconds)
+        if args.until_caught_up:
+            query.processAllAvailable()
+        else:
+            query.awaitTermination(args.seconds)
     finally:
         query.stop()
         spark.stop()

@@ -42,7 +42,7 @@ SPARK = re.compile(r"<!-- run by tests/test_readme\.py in the Spark test(?P<stop
                    r"broker has stopped)?[^>]*-->\n*$")
 FENCE = re.compile(r"^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```$", re.S | re.M)
 BLOCK_TIMEOUT_S = 120.0
-SPARK_BLOCK_TIMEOUT_S = 400.0  # Spark's start-up, a minute of streaming, on two busy cores
+SPARK_BLOCK_TIMEOUT_S = 400.0  # Spark's start-up and a streaming catch-up, on two busy cores
 
 
 @attrs.frozen
