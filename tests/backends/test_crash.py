@@ -216,15 +216,18 @@ def _check_store(log: MessageLog, acks: dict[str, Ack], fresh: list[Ack], since:
         for key in (props[Prop.KEYS], props[Prop.UNIQ_KEY]):
             got = log.query_keys(f.topic, key, 8, f.store_timestamp - 1, f.store_timestamp + 1)
             assert got.physical_offsets == [phys], f"query_keys({key}) for the record at {phys}"
+            assert rec.decode(got.records[0]).body == child.body_for(props[Prop.KEYS])
 
-    # By key, acknowledged messages: this round's (again, through the ack), and a sample of
-    # the older ones, which must survive every later recovery too.
+    # By key, acknowledged messages: this round's, and a sample of the older ones, which must
+    # survive every later recovery too.  This round's records were all asked for above by the
+    # same keys and store time (an ack's record is the one at its offsets, keys checked
+    # above), so an ack of this round is asked for again only if it lies below ``since``.
     fresh_keys = {a.key for a in fresh}
     older = [a for a in acks.values() if a.key not in fresh_keys]
     sample = random.Random(len(acks)).sample(older, min(len(older), 200))
     for a in [*fresh, *sample]:
         ts = by_queue[(a.topic, a.queue_id, a.queue_offset)].message.store_timestamp
-        for key in (a.key, a.uniq):
+        for key in (a.key, a.uniq) if a.key not in fresh_keys or a.phys < since else ():
             got = log.query_keys(a.topic, key, 8, ts - 1, ts + 1)
             assert got.physical_offsets == [a.phys], f"query_keys({key}) for {a}"
             assert rec.decode(got.records[0]).body == child.body_for(a.key)
