@@ -87,7 +87,8 @@ def test_every_block_the_suite_skips_says_why() -> None:
 
 
 def venv_env() -> dict[str, str]:
-    """The environment of a shell with the venv active: ``evq`` and ``python`` are its own."""
+    """The environment of a shell with the venv active: ``evq`` and ``python`` are its own
+    (and Spark's JVMs take the suite's JAVA_TOOL_OPTIONS, tests/conftest.py)."""
     return {**python_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
                                     f"{os.environ.get('PATH', '')}"}
 
