@@ -198,6 +198,16 @@ class QueueStat:
         return max(0, self.broker_offset - max(self.consumer_offset, 0))
 
 
+def sent_result(topic: str, queue_id: int, results: Sequence[AppendResult]) -> SendResult:
+    """A send's :class:`SendResult` from what the log's append returned: the first refusal
+    among the records is the send's status."""
+    if isinstance(results, AppendedRecords):
+        return SendResult(results.status(), topic, queue_id, results)
+    status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
+                  PutStatus.PUT_OK)
+    return SendResult(status, topic, queue_id, results)
+
+
 class Broker:
     """One broker's logic.  Thread-safe: metadata and offsets change under one lock, the log
     serializes appends itself."""
@@ -222,6 +232,9 @@ class Broker:
         self._meta = metadata
         self._lock = threading.RLock()
         self._state = MetadataState()
+        self.metadata_version = 0
+        """Counts the metadata events applied: what :meth:`plain_send_queues` answered holds
+        while this stays the same."""
         self._watermark = Watermark()
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty: set[OffsetKey] = set()
@@ -304,6 +317,7 @@ class Broker:
                         log.error("bad_metadata_event", queue_offset=qo, error=str(exc))
                     else:
                         applied_changes = self._state.apply(ev)
+                        self.metadata_version += 1
                         self._follow_offsets(applied_changes)
                         changes += applied_changes
                     w = Watermark(qo + 1, m.commit_log_offset + len(view))
@@ -647,12 +661,32 @@ class Broker:
 
     def _appended(self, topic: str, queue_id: int, records: list[PutRecord]) -> SendResult:
         """Append a send's records; the first refusal among them is the send's status."""
-        results = self.log.append(records)
-        if isinstance(results, AppendedRecords):
-            return SendResult(results.status(), topic, queue_id, results)
-        status = next((r.status for r in results if r.status is not PutStatus.PUT_OK),
-                      PutStatus.PUT_OK)
-        return SendResult(status, topic, queue_id, results)
+        return sent_result(topic, queue_id, self.log.append(records))
+
+    def plain_send_queues(self, topic: str) -> int:
+        """How many queues a send to ``topic`` may name when it is a plain put (see
+        :func:`~evq.domain.sent.plain_records`): the broker takes writes, the topic may be sent
+        to, exists, is writable and is no retry topic (:meth:`put_sent`'s checks, passed);
+        0 when a send to it must take those checks.  The answer holds while
+        :attr:`metadata_version` does (the config never changes): the network broker's send
+        lane keeps it that long."""
+        if self._cluster_entry is None or topic.startswith(tp.RETRY_PREFIX):
+            return 0
+        try:
+            self._check_writable()
+            tp.check_send_allowed(topic)
+        except BrokerError:
+            return 0
+        config = self.topic(topic)
+        return config.queue_count if config is not None and config.writable else 0
+
+    def plain_send_terms(self) -> tuple[bytes, str, int] | None:
+        """What :func:`~evq.domain.sent.plain_records` takes of this broker for any send:
+        the store host as stored, the CLUSTER property entry and the largest body; None when
+        the plain path is off (an IPv6 store host)."""
+        if self._cluster_entry is None:
+            return None
+        return self._store_host, self._cluster_entry, self.config.max_message_size
 
     def send(self, messages: Message | Sequence[Message], **kwargs: object) -> SendResult:
         """:meth:`put` and wait for durability per the log's flush policy (embedded use)."""

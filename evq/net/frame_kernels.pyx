@@ -43,6 +43,8 @@ cdef type Command = None
 cdef object object_new = object.__new__
 cdef object pure_take_frame = None
 cdef object pure_encode_frame = None
+cdef object pure_parse_int = None
+cdef object pure_parse_long = None
 cdef object decode_header = None  # (serialize type, header, body) -> command: any header
 cdef object decode_json_checked = None  # (header, body) -> command: a JSON header, checked
 cdef object loads = None
@@ -59,14 +61,15 @@ COMMAND_FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ex
                   "body", "serialize_type")
 
 
-def bind(*, command, take_frame, encode_frame, decode_any_header, decode_json, orjson_loads,
-         orjson_dumps, orjson_decode_error, orjson_encode_error, languages_by_name,
-         names_of_languages, other_language, evq_language_name, json) -> None:
+def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any_header,
+         decode_json, orjson_loads, orjson_dumps, orjson_decode_error, orjson_encode_error,
+         languages_by_name, names_of_languages, other_language, evq_language_name,
+         json) -> None:
     """Hand the kernels the class they build and the pure functions and tables they share
     (called once by evq.net.protocol)."""
     global Command, pure_take_frame, pure_encode_frame, decode_header, decode_json_checked
     global loads, dumps, decode_error, encode_error, language_by_name, language_names
-    global language_other, default_language_name, json_type
+    global language_other, default_language_name, json_type, pure_parse_int, pure_parse_long
     # A field added to the command and not set below would leave decoded commands without
     # it: that stops the import (loudly, in every test) instead.
     fields = tuple(a.name for a in command.__attrs_attrs__)
@@ -74,6 +77,7 @@ def bind(*, command, take_frame, encode_frame, decode_any_header, decode_json, o
         raise RuntimeError(f"{command.__name__} fields changed: {fields}")
     Command = command
     pure_take_frame, pure_encode_frame = take_frame, encode_frame
+    pure_parse_int, pure_parse_long = parse_int, parse_long
     decode_header, decode_json_checked = decode_any_header, decode_json
     loads, dumps = orjson_loads, orjson_dumps
     decode_error, encode_error = orjson_decode_error, orjson_encode_error
@@ -281,50 +285,76 @@ cdef inline bint digits(object text, Py_ssize_t most, long long* value):
     return True
 
 
+def parse_int_field(name, text):
+    """The pure ``parse_int_field``: a header field's text as a Java int."""
+    cdef long long value
+    if digits(text, 9, &value):  # nine digits are within a Java int
+        return value
+    return pure_parse_int(name, text)
+
+
+def parse_long_field(name, text):
+    """The pure ``parse_long_field``: a header field's text as a Java long."""
+    cdef long long value
+    if digits(text, 18, &value):  # eighteen within a long
+        return value
+    return pure_parse_long(name, text)
+
+
 cdef inline object got(dict fields, tuple names, Py_ssize_t k):
     cdef PyObject* found = PyDict_GetItem(fields, names[k])
     return None if found is NULL else <object>found
 
 
-def parse_send_header(code, version, fields):
-    """The pure ``parse``: ``fields`` (a send's ``ext_fields``) as a SendHeader."""
-    cdef tuple names
-    cdef long long queue_id, sys_flag, born, queue_nums = 4, flag = 0, reconsume = 0
-    cdef long long max_reconsume = 0
-    if not PyDict_CheckExact(fields) or SendHeader is None:
-        return pure_parse_send_header(code, version, fields)
-    names = SHORT_NAMES if code == send_v2_code or "b" in <dict>fields else LONG_NAMES
+cdef bint read_send_fields(object code, object version, dict fields, SendFields* out):
+    """The usual send header of ``fields`` (a send's ``ext_fields``) into ``out``: True, or
+    False for anything else (then the pure ``parse`` decides, error for error).  The strings
+    in ``out`` are borrowed from ``fields``."""
+    cdef tuple names = SHORT_NAMES if code == send_v2_code or "b" in fields else LONG_NAMES
+    cdef PyObject* found
     topic = got(fields, names, 0)
-    default_topic = got(fields, names, 1)
     queue_nums_text = got(fields, names, 2)
     flag_text = got(fields, names, 6)
     reconsume_text = got(fields, names, 8)
     max_reconsume_text = got(fields, names, 9)
     batch_text = got(fields, names, 10)
+    out.queue_nums, out.flag, out.reconsume = 4, 0, 0
     # Nine digits are within a Java int, eighteen within a long.
     if (topic is None
-            or not digits(got(fields, names, 3), 9, &queue_id)
-            or not digits(got(fields, names, 4), 9, &sys_flag)
-            or not digits(got(fields, names, 5), 18, &born)
-            or (queue_nums_text is not None and not digits(queue_nums_text, 9, &queue_nums))
-            or (flag_text is not None and not digits(flag_text, 9, &flag))
-            or (reconsume_text is not None and not digits(reconsume_text, 9, &reconsume))):
-        return pure_parse_send_header(code, version, fields)
-    if max_reconsume_text is None or version < max_reconsume_since:
-        max_reconsume_times = None
-    elif digits(max_reconsume_text, 9, &max_reconsume):
-        max_reconsume_times = max_reconsume
-    else:
-        return pure_parse_send_header(code, version, fields)
+            or not digits(got(fields, names, 3), 9, &out.queue_id)
+            or not digits(got(fields, names, 4), 9, &out.sys_flag)
+            or not digits(got(fields, names, 5), 18, &out.born)
+            or (queue_nums_text is not None and not digits(queue_nums_text, 9, &out.queue_nums))
+            or (flag_text is not None and not digits(flag_text, 9, &out.flag))
+            or (reconsume_text is not None and not digits(reconsume_text, 9, &out.reconsume))):
+        return False
+    out.has_max_reconsume = max_reconsume_text is not None and version >= max_reconsume_since
+    if out.has_max_reconsume and not digits(max_reconsume_text, 9, &out.max_reconsume):
+        return False
     if code == send_batch_code:
-        batch = True
+        out.batch = True
     elif batch_text is None or batch_text == "false" or batch_text == "0":
-        batch = False
+        out.batch = False
     elif batch_text == "true" or batch_text == "1":
-        batch = True
+        out.batch = True
     else:
+        return False
+    out.topic = <PyObject*>topic
+    found = PyDict_GetItem(fields, names[1])
+    out.default_topic = NULL if found is NULL else found
+    found = PyDict_GetItem(fields, names[7])
+    out.properties = NULL if found is NULL else found
+    return True
+
+
+def parse_send_header(code, version, fields):
+    """The pure ``parse``: ``fields`` (a send's ``ext_fields``) as a SendHeader."""
+    cdef SendFields f
+    if (not PyDict_CheckExact(fields) or SendHeader is None
+            or not read_send_fields(code, version, <dict>fields, &f)):
         return pure_parse_send_header(code, version, fields)
-    return SendHeader(topic, queue_id, sys_flag, born,
-                      auto_create_topic if default_topic is None else default_topic,
-                      queue_nums, flag, got(fields, names, 7) or "", reconsume,
-                      max_reconsume_times, batch)
+    properties = "" if f.properties is NULL else <object>f.properties
+    return SendHeader(<object>f.topic, f.queue_id, f.sys_flag, f.born,
+                      auto_create_topic if f.default_topic is NULL else <object>f.default_topic,
+                      f.queue_nums, f.flag, properties or "", f.reconsume,
+                      f.max_reconsume if f.has_max_reconsume else None, f.batch)

@@ -162,13 +162,10 @@ def _integer(low: int, high: int, kind: str) -> Callable[[str, str], int]:
     return parse
 
 
-parse_int_field = _integer(INT32_MIN, INT32_MAX, "int")
-"""``parse_int_field(name, text)``: a header field's text as a Java ``int``; a
-:class:`HeaderFieldError` naming the field otherwise.  For header parsers that read fields
-straight from ``ext_fields``: the declared headers (:mod:`evq.net.headers`) and the send
-header (:mod:`evq.net.send_header`)."""
-parse_long_field = _integer(INT64_MIN, INT64_MAX, "long")
-"""As :data:`parse_int_field`, for a Java ``long``."""
+_parse_int_field = _integer(INT32_MIN, INT32_MAX, "int")
+"""``parse_int_field(name, text)``, pure (the reference of the compiled twin)."""
+_parse_long_field = _integer(INT64_MIN, INT64_MAX, "long")
+"""``parse_long_field(name, text)``, pure (the reference of the compiled twin)."""
 
 
 def parse_bool_field(name: str, text: str) -> bool:
@@ -645,9 +642,11 @@ class FrameCodec:
 
     take_frame: Callable[[FrameDecoder], RemotingCommand | None]
     encode_frame: Callable[[RemotingCommand], bytes]
+    parse_int_field: Callable[[str, str], int]
+    parse_long_field: Callable[[str, str], int]
 
 
-PURE = FrameCodec(_take_frame, _encode_frame)
+PURE = FrameCodec(_take_frame, _encode_frame, _parse_int_field, _parse_long_field)
 
 
 def _compiled_kernels() -> FrameCodec | None:
@@ -662,12 +661,14 @@ def _compiled_kernels() -> FrameCodec | None:
         return None
     frame_kernels.bind(
         command=RemotingCommand, take_frame=_take_frame, encode_frame=_encode_frame,
+        parse_int=_parse_int_field, parse_long=_parse_long_field,
         decode_any_header=decode_header, decode_json=_decode_json_checked,
         orjson_loads=orjson.loads, orjson_dumps=orjson.dumps,
         orjson_decode_error=orjson.JSONDecodeError, orjson_encode_error=orjson.JSONEncodeError,
         languages_by_name=_LANGUAGE_BY_NAME, names_of_languages=_LANGUAGE_NAMES,
         other_language=_LANGUAGE_OTHER, evq_language_name=_EVQ_LANGUAGE_NAME, json=_JSON)
-    return FrameCodec(frame_kernels.take_frame, frame_kernels.encode_frame)
+    return FrameCodec(frame_kernels.take_frame, frame_kernels.encode_frame,
+                      frame_kernels.parse_int_field, frame_kernels.parse_long_field)
 
 
 COMPILED = _compiled_kernels()
@@ -675,3 +676,8 @@ COMPILED = _compiled_kernels()
 CODEC = COMPILED or PURE
 """The kernels this process runs; the module's names below are their functions."""
 take_frame, encode_frame = CODEC.take_frame, CODEC.encode_frame
+parse_int_field, parse_long_field = CODEC.parse_int_field, CODEC.parse_long_field
+"""``parse_int_field(name, text)``: a header field's text as a Java ``int``; a
+:class:`HeaderFieldError` naming the field otherwise (``parse_long_field``: a ``long``).  For
+header parsers that read fields straight from ``ext_fields``: the declared headers
+(:mod:`evq.net.headers`) and the send header (:mod:`evq.net.send_header`)."""

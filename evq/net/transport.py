@@ -111,8 +111,9 @@ except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio 
 
 log = logs.get_logger(__name__)
 
-Reply = RemotingCommand | None
-"""A handler's answer: the response, or None for none (a oneway request's)."""
+Reply = RemotingCommand | bytes | None
+"""A handler's answer: the response, the response's whole frame already encoded (the send
+lane's, :mod:`evq.net.broker.send_lane`), or None for none (a oneway request's)."""
 Handler = Callable[["Connection", RemotingCommand], Awaitable[Reply] | Reply]
 """A request's handler: it answers at once (a plain function returning the :data:`Reply`) or
 later (an awaitable of it: a coroutine).  Answering at once spares a coroutine, its first
@@ -120,11 +121,15 @@ step and its ``StopIteration`` a request; a send under ASYNC_FLUSH does (see
 :meth:`Connection._start`)."""
 
 
+_ANSWERS: Final = (RemotingCommand, bytes)
+"""The types of a :data:`Reply` that is the answer itself, not an awaitable of it."""
+
+
 async def settled(outcome: Awaitable[Reply] | Reply) -> Reply:
     """What a handler answered, awaited if it answers later: for a handler that wraps
     another (a check in front of it) and so awaits it either way."""
-    if outcome is None or isinstance(outcome, RemotingCommand):
-        return outcome
+    if outcome is None or isinstance(outcome, _ANSWERS):
+        return outcome  # type: ignore[return-value]
     return await outcome
 
 
@@ -667,8 +672,8 @@ class Connection(asyncio.BufferedProtocol):
             outcome = Dispatcher.unsupported(cmd) if handler is None else handler(self, cmd)
         except Exception as exc:
             outcome = Dispatcher.failed(self, cmd, exc)
-        if outcome is None or isinstance(outcome, RemotingCommand):
-            self._answer(cmd, outcome)
+        if outcome is None or isinstance(outcome, _ANSWERS):
+            self._answer(cmd, outcome)  # type: ignore[arg-type]
             return
         handling = self._finish(cmd, outcome)
         try:
@@ -729,7 +734,7 @@ class Connection(asyncio.BufferedProtocol):
                 or transport.is_closing()):
             return
         try:
-            frame = response.encode()
+            frame = response if isinstance(response, bytes) else response.encode()
         except ProtocolError as exc:
             log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
             frame = cmd.response(ResponseCode.SYSTEM_ERROR,

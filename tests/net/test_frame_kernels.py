@@ -102,6 +102,8 @@ def test_the_compiled_kernels_are_built_and_used_where_a_compiler_is() -> None:
     if not PURE_RUN:
         assert protocol.take_frame is COMPILED.take_frame
         assert protocol.encode_frame is COMPILED.encode_frame
+        assert protocol.parse_int_field is COMPILED.parse_int_field
+        assert protocol.parse_long_field is COMPILED.parse_long_field
 
 
 def test_the_variable_selects_the_pure_kernels() -> None:
@@ -182,3 +184,23 @@ def test_any_bytes_give_the_same(data: bytes, max_frame: int, cuts: list[int]) -
 def test_an_oversize_frame_salvages_the_same_opaque() -> None:
     header = RemotingCommand(code=10, opaque=77).encode()[8:]
     assert_same_taking(frame(header, b"x" * 100), [], max_frame=64)
+
+
+_field_texts = st.one_of(
+    st.text(),  # any str: letters and digits of every script, signs, spaces, nothing
+    st.integers(-(2**64), 2**64).map(str),  # numbers, either side of both limits
+    st.integers(-(2**64), 2**64).map(lambda n: f"{n:+d}"),
+    st.from_regex(r"[0-9]{0,25}", fullmatch=True),  # leading zeros, and past 19 digits
+)
+
+
+@given(st.text(max_size=20), _field_texts)
+@example("queueId", "٣")  # a digit that is not ASCII
+@example("queueId", "2147483648")
+@example("bornTimestamp", "9223372036854775808")
+def test_header_numbers_parse_the_same(name: str, text: str) -> None:
+    """A header field's text as a Java int and long: the same value or refusal."""
+    assert COMPILED is not None
+    for compiled, pure in ((COMPILED.parse_int_field, PURE.parse_int_field),
+                           (COMPILED.parse_long_field, PURE.parse_long_field)):
+        assert outcome(compiled, name, text) == outcome(pure, name, text)

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, cast
 
 import attrs
 
+from evq.domain import sent
 from evq.domain import sysflag as sf
 from evq.domain import topics as tp
-from evq.domain.broker import Broker
+from evq.domain.broker import Broker, SendResult, sent_result
 from evq.domain.codes import PUT_STATUS_CODES, BrokerError, ResponseCode
 from evq.domain.compression import InflateError, inflate
-from evq.domain.log import PutStatus
-from evq.domain.message import Host
+from evq.domain.log import AppendedRecords, AppendResult, PutStatus
+from evq.domain.message import Host, host_bytes, is_ipv6
 from evq.domain.record import RecordError
 from evq.domain.sent import SentEntry, sent_batch
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
 from evq.net.codes import RequestCode
 from evq.net.headers.send import SendResponse
-from evq.net.protocol import RemotingCommand
+from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
 from evq.net.send_header import SendHeader
 from evq.net.transport import Connection, Handler, Reply
 
@@ -81,6 +83,10 @@ def put_request(core: Broker, h: SendHeader, body: bytes, born_host: Host) -> St
         born_timestamp=h.born_timestamp, born_host=born_host, reconsume_times=h.reconsume_times,
         default_topic=h.default_topic, default_topic_queue_nums=h.default_topic_queue_nums,
         max_reconsume_times=h.max_reconsume_times)
+    return stored_of(result, wait)
+
+
+def stored_of(result: SendResult, wait: bool) -> Stored:
     first_physical, queue_offset, end_offset, msg_id, count, size = result.summary()
     if first_physical < 0:
         return Stored(result.status, result.queue_id, -1, 0, None, 0, 0, wait)
@@ -118,6 +124,20 @@ async def replicated(ctx: BrokerContext, stored: Stored) -> Stored:
     return attrs.evolve(stored, status=status)
 
 
+def response_to(core: Broker, cmd: RemotingCommand, stored: Stored) -> RemotingCommand:
+    """A send's answer (the caller counts it in the stats)."""
+    if stored.msg_id is None:
+        return cmd.response(stored.code, core.refusal_remark(stored.status))
+    return stored_response(cmd, stored)
+
+
+def stored_response(cmd: RemotingCommand, stored: Stored) -> RemotingCommand:
+    """The answer to a send whose messages were stored."""
+    return cmd.response(stored.code, None, SendResponse.write(
+        msg_id=stored.msg_id, queue_id=stored.queue_id, queue_offset=stored.queue_offset,
+    ))
+
+
 def handlers(ctx: BrokerContext) -> dict[int, Handler]:
     def send(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
         """Answers at once in the common case: a put on the loop, nothing to wait for."""
@@ -151,11 +171,62 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             ctx.stats.bytes_put += stored.size
         else:
             ctx.stats.puts_refused += 1
-        if stored.msg_id is None:
-            return cmd.response(stored.code, ctx.core.refusal_remark(stored.status))
-        return cmd.response(stored.code, None, SendResponse.write(
-            msg_id=stored.msg_id, queue_id=stored.queue_id, queue_offset=stored.queue_offset,
-        ))
+        return response_to(ctx.core, cmd, stored)
 
-    return {RequestCode.SEND_MESSAGE: send, RequestCode.SEND_MESSAGE_V2: send,
+    def answer_put(cmd: RemotingCommand, topic: str, queue_id: int,
+                   appended: Sequence[AppendResult]) -> RemotingCommand:
+        """The answer to a single send the lane appended but does not answer itself."""
+        return answer(cmd, stored_of(sent_result(topic, queue_id, appended), False))
+
+    lane = send_lane(ctx, send, answer_put)
+    return {RequestCode.SEND_MESSAGE: send, RequestCode.SEND_MESSAGE_V2: lane or send,
             RequestCode.SEND_BATCH_MESSAGE: send}
+
+
+# Values no real answer carries, where the lane's answer template is cut.
+_MARKS: Final = ("0123456789ABCDEFFEDCBA9876543210", 1357913579, 2468024680246802, 1975318642)
+
+
+def answer_template() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
+    """The header of the processor's answer to a stored single send, as the lane splices it:
+    its literal pieces, and which value (msgId, queueId, queueOffset, opaque) follows each.
+    Written by :func:`stored_response` and the frame encoder, so the lane writes what they write;
+    a value that does not show exactly once stops the lane from being built."""
+    msg_id, queue_id, queue_offset, opaque = _MARKS
+    request = RemotingCommand.direct(RequestCode.SEND_MESSAGE_V2, EVQ_LANGUAGE, EVQ_VERSION,
+                                     opaque, 0, None, {}, b"", SerializeType.JSON)
+    frame = stored_response(request, Stored(PutStatus.PUT_OK, queue_id, queue_offset, 0, msg_id,
+                                            1, 0, False)).encode()
+    header = frame[8:]
+    marks = [str(m).encode() for m in _MARKS]
+    if any(header.count(m) != 1 for m in marks):
+        raise RuntimeError(f"the send's answer has no place for each value: {header!r}")
+    order = sorted(range(len(marks)), key=lambda k: header.index(marks[k]))
+    pieces, at = [], 0
+    for k in order:
+        start = header.index(marks[k])
+        pieces.append(header[at:start])
+        at = start + len(marks[k])
+    pieces.append(header[at:])
+    return tuple(pieces), tuple(order)
+
+
+def send_lane(ctx: BrokerContext, general: Handler,
+              answer_put: Callable[[RemotingCommand, str, int, Sequence[AppendResult]], Reply]
+              ) -> Handler | None:
+    """The compiled send lane in front of ``general`` (:mod:`evq.net.broker.send_lane`), or
+    None where it is not built or not wanted (the frame kernels' switch, ``EVQ_PURE_PYTHON``),
+    or the plain path is off for this broker (an IPv6 store host)."""
+    terms = ctx.core.plain_send_terms()
+    if send_header.COMPILED_PARSE is None or sent.COMPILED_SENT is None or terms is None:
+        return None
+    try:
+        from evq.net.broker.send_lane import SendLane
+    except ImportError:
+        return None
+    return cast(Handler, SendLane(
+        general=general, ctx=ctx, answer_put=answer_put, plain_records=sent.plain_records,
+        parse_host=parse_host, host_bytes=host_bytes, is_ipv6=is_ipv6,
+        appended_records=AppendedRecords, terms=terms, template=answer_template(),
+        v2_code=RequestCode.SEND_MESSAGE_V2, json_type=SerializeType.JSON))
+

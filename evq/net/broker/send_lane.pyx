@@ -1,0 +1,208 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The send lane: a single SEND_MESSAGE_V2 from frame to answer without the send processor's
+Python objects, where that is all it needs.
+
+A single send under ASYNC_FLUSH with no slave to wait for is most of what a producer asks, and
+in Python most of its cost on the event loop is not the store but the steps between: the
+header object, the checks, the put's summary, the answer's object and its encoding (about
+800 of the 1,500 bytecodes a send ran; issue 18).  The lane takes such a send in C: it reads
+the header with the frame kernels' send-header reader, asks the broker once per topic (and
+again whenever its metadata changes) how many queues a plain send may name, makes the record
+with the same ``plain_records`` kernel, appends it through the log as the processor does, and
+answers with the processor's own answer bytes, cut once from a template the processor's
+encoder wrote, the four values spliced in.
+
+Everything else (a batch, a V1 or binary header, an unusual field, a queue the producer left
+to the broker, a topic that is new, read-only, a retry topic or needs routing, a put that
+waits for the flusher or a slave, one behind a large put, an IPv6 peer, any refusal) goes the
+processor's way, which stays the reference: the lane decides nothing of its own, and its
+answers are the processor's byte for byte (tests/net/test_send_lane.py).  Errors the shared
+steps raise (a body or properties too long) propagate as from the processor.
+
+Runs on the event loop, as the send handler does.  Imports nothing from evq: its Python
+collaborators are handed to :class:`SendLane` (evq.net.broker.send).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+from evq.byte_order cimport put32
+from evq.net.frame_kernels cimport SendFields, read_send_fields
+from libc.stdint cimport uint8_t
+from libc.string cimport memcpy, memset
+
+cdef extern from "Python.h":
+    bint PyDict_CheckExact(object)
+    bint PyUnicode_CheckExact(object)
+    bint PyUnicode_IS_ASCII(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    const uint8_t* PyUnicode_1BYTE_DATA(object)
+
+cdef enum:
+    MAX_CACHED = 4096  # topics (and peers) remembered: bounded whatever names clients send
+    MAX_VALUE = 64  # bytes of one spliced value (a msgId is 32, a long 20)
+
+cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.send._MARKS)
+    MSG_ID = 0
+    QUEUE_ID = 1
+    QUEUE_OFFSET = 2
+    OPAQUE = 3
+
+
+cdef Py_ssize_t decimal(long long value, uint8_t* out) noexcept:
+    """``value`` in decimal at ``out``; returns the bytes written (at most 20)."""
+    cdef uint8_t digits[20]
+    cdef Py_ssize_t n = 0, i
+    cdef unsigned long long v
+    cdef bint negative = value < 0
+    v = <unsigned long long>(-(value + 1)) + 1 if negative else <unsigned long long>value
+    while True:
+        digits[n] = 48 + v % 10
+        n += 1
+        v //= 10
+        if v == 0:
+            break
+    i = 0
+    if negative:
+        out[0] = 45
+        i = 1
+    while n:
+        n -= 1
+        out[i] = digits[n]
+        i += 1
+    return i
+
+
+cdef class SendLane:
+    """The send handler for SEND_MESSAGE_V2: the lane where it applies, else ``general``."""
+
+    cdef object general, ctx, core, log, answer_put, plain_records, parse_host
+    cdef object host_bytes, is_ipv6, appended_records
+    cdef bytes store_host
+    cdef object cluster_entry
+    cdef long long max_body
+    cdef object version
+    cdef dict queues  # topic -> queues a plain send may name (0: none), at ``version``
+    cdef dict hosts  # peer address -> its host bytes as stored, None for IPv6
+    cdef tuple pieces  # the answer header's literal bytes around the values
+    cdef tuple order  # which value follows each piece but the last
+    cdef object v2_code, json_type
+
+    def __init__(self, *, general, ctx, answer_put, plain_records, parse_host, host_bytes,
+                 is_ipv6, appended_records, terms, template, v2_code, json_type):
+        self.general, self.ctx, self.core = general, ctx, ctx.core
+        self.log, self.answer_put = self.core.log, answer_put
+        self.plain_records, self.parse_host = plain_records, parse_host
+        self.host_bytes, self.is_ipv6, self.appended_records = host_bytes, is_ipv6, appended_records
+        self.store_host, self.cluster_entry, self.max_body = terms
+        self.version = None
+        self.queues, self.hosts = {}, {}
+        self.pieces, self.order = checked_template(template)
+        self.v2_code, self.json_type = v2_code, json_type
+
+    def __call__(self, conn, cmd):
+        cdef SendFields f
+        cdef PyObject* found
+        ctx, fields = self.ctx, cmd.ext_fields
+        if (cmd.code != self.v2_code or cmd.serialize_type != self.json_type
+                or not PyDict_CheckExact(fields)
+                or not read_send_fields(cmd.code, cmd.version, <dict>fields, &f)
+                or f.batch or f.queue_id < 0 or ctx.durable is not None
+                or ctx.replicated is not None or ctx.puts.busy):
+            return self.general(conn, cmd)
+        topic = <object>f.topic
+        version = self.core.metadata_version
+        if version != self.version:
+            self.queues.clear()
+            self.version = version
+        found = PyDict_GetItem(self.queues, topic)
+        if found is NULL:
+            queues = self.core.plain_send_queues(topic)
+            if len(self.queues) < MAX_CACHED:
+                self.queues[topic] = queues
+        else:
+            queues = <object>found
+        if f.queue_id >= queues:
+            return self.general(conn, cmd)
+        peer = conn.peer
+        found = PyDict_GetItem(self.hosts, peer)
+        if found is NULL:
+            host = self.parse_host(peer)
+            born_host = None if self.is_ipv6(host) else self.host_bytes(host)
+            if len(self.hosts) < MAX_CACHED:
+                self.hosts[peer] = born_host
+        else:
+            born_host = <object>found
+        if born_host is None:
+            return self.general(conn, cmd)
+        properties = "" if f.properties is NULL else <object>f.properties
+        plain = self.plain_records(
+            [(f.flag, cmd.body, f.sys_flag, properties or "")], topic, f.queue_id, f.born,
+            born_host, self.store_host, f.reconsume, self.cluster_entry, self.max_body)
+        if plain is None:  # a message that needs routing
+            return self.general(conn, cmd)
+        appended = self.log.append(plain[0])
+        if isinstance(appended, self.appended_records):
+            physical, queue_offset, _, msg_id, count, size = appended.summary()
+            if physical >= 0 and count == 1:  # stored (a single record has one status)
+                stats = ctx.stats
+                stats.messages_put += 1
+                stats.bytes_put += size
+                return splice(self.pieces, self.order, msg_id, f.queue_id, queue_offset,
+                              cmd.opaque)
+        return self.answer_put(cmd, topic, f.queue_id, appended)
+
+
+def answer_frame(template, msg_id, queue_id, queue_offset, opaque):
+    """The answer frame ``template`` (evq.net.broker.send.answer_template) makes of these
+    values, as the lane writes it."""
+    pieces, order = checked_template(template)
+    return splice(pieces, order, msg_id, queue_id, queue_offset, opaque)
+
+
+cdef tuple checked_template(object template):
+    """``template`` as the lane splices it: four values, each ordered once, and a piece of
+    bytes around each; else a ValueError."""
+    pieces, order = template
+    if (type(pieces) is not tuple or type(order) is not tuple
+            or sorted(order) != [MSG_ID, QUEUE_ID, QUEUE_OFFSET, OPAQUE]
+            or len(pieces) != len(order) + 1 or any(type(p) is not bytes for p in pieces)):
+        raise ValueError(f"not an answer template: {template!r:.200}")
+    return pieces, order
+
+
+cdef bytes splice(tuple pieces, tuple order, str msg_id, long long queue_id,
+                  long long queue_offset, long long opaque):
+    """The processor's answer frame with these values (see evq.net.broker.send)."""
+    cdef uint8_t values[4][MAX_VALUE]
+    cdef Py_ssize_t lengths[4]
+    cdef Py_ssize_t n, header = 0, i, at
+    cdef bytes piece, frame
+    cdef uint8_t* out
+    if (not PyUnicode_CheckExact(msg_id) or not PyUnicode_IS_ASCII(msg_id)
+            or PyUnicode_GET_LENGTH(msg_id) > MAX_VALUE):
+        raise ValueError(f"a msgId the answer cannot hold: {msg_id!r:.80}")
+    memset(lengths, 0, sizeof(lengths))
+    lengths[MSG_ID] = PyUnicode_GET_LENGTH(msg_id)
+    memcpy(values[MSG_ID], PyUnicode_1BYTE_DATA(msg_id), lengths[MSG_ID])
+    lengths[QUEUE_ID] = decimal(queue_id, values[QUEUE_ID])
+    lengths[QUEUE_OFFSET] = decimal(queue_offset, values[QUEUE_OFFSET])
+    lengths[OPAQUE] = decimal(opaque, values[OPAQUE])
+    n = len(order)
+    for i in range(n + 1):
+        header += PyBytes_GET_SIZE(<bytes>pieces[i])
+    for i in range(n):
+        header += lengths[<int>order[i]]
+    frame = PyBytes_FromStringAndSize(NULL, 8 + header)
+    out = <uint8_t*>PyBytes_AS_STRING(frame)
+    put32(out, <unsigned int>(4 + header))
+    put32(out + 4, <unsigned int>header)  # a JSON header: serialize type 0 in the top byte
+    at = 8
+    for i in range(n + 1):
+        piece = <bytes>pieces[i]
+        memcpy(out + at, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece))
+        at += PyBytes_GET_SIZE(piece)
+        if i < n:
+            memcpy(out + at, values[<int>order[i]], lengths[<int>order[i]])
+            at += lengths[<int>order[i]]
+    return frame
