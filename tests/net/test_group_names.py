@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evq.domain.codes import ResponseCode
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.net.broker.names import KNOWN_GROUPS, names_checked
 from evq.net.codes import RequestCode
+from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, run
 from tests.net.harness import broker
 from tests.net.test_broker_server import call, send_fields
@@ -77,3 +79,28 @@ def test_every_legal_group_name_commits_over_the_wire(tmp_path_factory: pytest.T
     run(commit_and_read())
 
 
+
+
+def test_the_check_remembers_passed_names_up_to_its_bound_and_refuses_every_illegal_one(
+) -> None:
+    """Names that passed are remembered, at most KNOWN_GROUPS of them; an illegal name is
+    refused each time it comes, before the bound is reached and after."""
+    seen: list[str] = []
+    checked = names_checked(RequestCode.SEND_MESSAGE_V2,
+                            lambda conn, cmd: seen.append(cmd.ext_fields["a"]))
+
+    def send(group: str) -> None:
+        checked(None, RemotingCommand(code=RequestCode.SEND_MESSAGE_V2,  # type: ignore[arg-type]
+                                      ext_fields={"a": group}))
+
+    names = [f"g{i}" for i in range(KNOWN_GROUPS + 10)]
+    for name in [*names, *names]:
+        send(name)
+        for group in ILLEGAL[:4]:
+            with pytest.raises(BrokerError, match="group name"):
+                send(group)
+    assert seen == [*names, *names]
+    # What the check holds: the first KNOWN_GROUPS names, no more.
+    held = dict(zip(checked.__code__.co_freevars,
+                    [c.cell_contents for c in checked.__closure__ or ()], strict=True))["known"]
+    assert held == set(names[:KNOWN_GROUPS])

@@ -20,6 +20,9 @@ from evq.net.transport import Connection, Handler, Reply
 GROUP_FIELDS: Final = ("consumerGroup", "producerGroup", "group")
 # Sends may come with SendMessageRequestHeaderV2's one-letter names, where "a" is producerGroup.
 SEND_GROUP_FIELDS: Final = ("producerGroup", "a")
+KNOWN_GROUPS: Final = 4096
+"""Group names each request code's check remembers as passed: bounded whatever names
+clients send (a name past the bound is checked every time)."""
 SEND_CODES: Final = frozenset({RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2,
                                RequestCode.SEND_BATCH_MESSAGE})
 
@@ -36,15 +39,20 @@ def names_checked(code: int, handler: Handler) -> Handler:
 
     The check is a plain function returning what the handler returns: it raises before the
     handler starts, and the connection answers the refusal; a request pays no coroutine of
-    its own for it."""
+    its own for it.  The names it passed are remembered (up to :data:`KNOWN_GROUPS`): a
+    producer names the same group on every send, and the rule's pattern was a twentieth of
+    a send's time on the broker's loop."""
     fields = group_fields(code)
+    known: set[str] = set()
 
     def checked(conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply:
         ext = cmd.ext_fields
         for name in fields:
             value = ext.get(name)
-            if value:
+            if value and value not in known:
                 validate_group(value)
+                if len(known) < KNOWN_GROUPS:
+                    known.add(value)
         return handler(conn, cmd)
 
     return checked
