@@ -178,8 +178,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         """The answer to a single send the lane appended but does not answer itself."""
         return answer(cmd, stored_of(sent_result(topic, queue_id, appended), False))
 
-    lane = send_lane(ctx, send, answer_put)
-    return {RequestCode.SEND_MESSAGE: send, RequestCode.SEND_MESSAGE_V2: lane or send,
+    single = send_lane(ctx, send, answer_put) or send
+    return {RequestCode.SEND_MESSAGE: single, RequestCode.SEND_MESSAGE_V2: single,
             RequestCode.SEND_BATCH_MESSAGE: send}
 
 
@@ -228,5 +228,6 @@ def send_lane(ctx: BrokerContext, general: Handler,
         general=general, ctx=ctx, answer_put=answer_put, plain_records=sent.plain_records,
         parse_host=parse_host, host_bytes=host_bytes, is_ipv6=is_ipv6,
         appended_records=AppendedRecords, terms=terms, template=answer_template(),
-        v2_code=RequestCode.SEND_MESSAGE_V2, json_type=SerializeType.JSON))
+        v1_code=RequestCode.SEND_MESSAGE, v2_code=RequestCode.SEND_MESSAGE_V2,
+        json_type=SerializeType.JSON))
 

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The send lane: a single SEND_MESSAGE_V2 from frame to answer without the send processor's
-Python objects, where that is all it needs.
+"""The send lane: a single send (SEND_MESSAGE_V2, as evq's client sends it, or SEND_MESSAGE, as
+the stock C++ client does) from frame to answer without the send processor's Python objects,
+where that is all it needs.
 
 A single send under ASYNC_FLUSH with no slave to wait for is most of what a producer asks, and
 in Python most of its cost on the event loop is not the store but the steps between: the
@@ -12,7 +13,7 @@ with the same ``plain_records`` kernel, appends it through the log as the proces
 answers with the processor's own answer bytes, cut once from a template the processor's
 encoder wrote, the four values spliced in.
 
-Everything else (a batch, a V1 or binary header, an unusual field, a queue the producer left
+Everything else (a batch, a binary header, an unusual field, a queue the producer left
 to the broker, a topic that is new, read-only, a retry topic or needs routing, a put that
 waits for the flusher or a slave, one behind a large put, an IPv6 peer, any refusal) goes the
 processor's way, which stays the reference: the lane decides nothing of its own, and its
@@ -74,7 +75,8 @@ cdef Py_ssize_t decimal(long long value, uint8_t* out) noexcept:
 
 
 cdef class SendLane:
-    """The send handler for SEND_MESSAGE_V2: the lane where it applies, else ``general``."""
+    """The send handler for SEND_MESSAGE and SEND_MESSAGE_V2: the lane where it applies, else
+    ``general``."""
 
     cdef object general, ctx, core, log, answer_put, plain_records, parse_host
     cdef object host_bytes, is_ipv6, appended_records
@@ -86,10 +88,14 @@ cdef class SendLane:
     cdef dict hosts  # peer address -> its host bytes as stored, None for IPv6
     cdef tuple pieces  # the answer header's literal bytes around the values
     cdef tuple order  # which value follows each piece but the last
-    cdef object v2_code, json_type
+    cdef object v1_code, v2_code, json_type
+    cdef readonly unsigned long long taken
+    """Sends the lane answered (C counters: what a metrics surface reads for free)."""
+    cdef readonly unsigned long long handed_over
+    """Sends it handed to the processor, before or after their append."""
 
     def __init__(self, *, general, ctx, answer_put, plain_records, parse_host, host_bytes,
-                 is_ipv6, appended_records, terms, template, v2_code, json_type):
+                 is_ipv6, appended_records, terms, template, v1_code, v2_code, json_type):
         self.general, self.ctx, self.core = general, ctx, ctx.core
         self.log, self.answer_put = self.core.log, answer_put
         self.plain_records, self.parse_host = plain_records, parse_host
@@ -98,17 +104,19 @@ cdef class SendLane:
         self.version = None
         self.queues, self.hosts = {}, {}
         self.pieces, self.order = checked_template(template)
-        self.v2_code, self.json_type = v2_code, json_type
+        self.v1_code, self.v2_code, self.json_type = v1_code, v2_code, json_type
 
     def __call__(self, conn, cmd):
         cdef SendFields f
         cdef PyObject* found
         ctx, fields = self.ctx, cmd.ext_fields
-        if (cmd.code != self.v2_code or cmd.serialize_type != self.json_type
+        code = cmd.code
+        if ((code != self.v2_code and code != self.v1_code) or cmd.serialize_type != self.json_type
                 or not PyDict_CheckExact(fields)
-                or not read_send_fields(cmd.code, cmd.version, <dict>fields, &f)
+                or not read_send_fields(code, cmd.version, <dict>fields, &f)
                 or f.batch or f.queue_id < 0 or ctx.durable is not None
                 or ctx.replicated is not None or ctx.puts.busy):
+            self.handed_over += 1
             return self.general(conn, cmd)
         topic = <object>f.topic
         version = self.core.metadata_version
@@ -123,6 +131,7 @@ cdef class SendLane:
         else:
             queues = <object>found
         if f.queue_id >= queues:
+            self.handed_over += 1
             return self.general(conn, cmd)
         peer = conn.peer
         found = PyDict_GetItem(self.hosts, peer)
@@ -134,12 +143,14 @@ cdef class SendLane:
         else:
             born_host = <object>found
         if born_host is None:
+            self.handed_over += 1
             return self.general(conn, cmd)
         properties = "" if f.properties is NULL else <object>f.properties
         plain = self.plain_records(
             [(f.flag, cmd.body, f.sys_flag, properties or "")], topic, f.queue_id, f.born,
             born_host, self.store_host, f.reconsume, self.cluster_entry, self.max_body)
         if plain is None:  # a message that needs routing
+            self.handed_over += 1
             return self.general(conn, cmd)
         appended = self.log.append(plain[0])
         if isinstance(appended, self.appended_records):
@@ -148,8 +159,10 @@ cdef class SendLane:
                 stats = ctx.stats
                 stats.messages_put += 1
                 stats.bytes_put += size
+                self.taken += 1
                 return splice(self.pieces, self.order, msg_id, f.queue_id, queue_offset,
                               cmd.opaque)
+        self.handed_over += 1
         return self.answer_put(cmd, topic, f.queue_id, appended)
 
 
