@@ -11,7 +11,9 @@ the header with the frame kernels' send-header reader, asks the broker once per 
 again whenever its metadata changes) how many queues a plain send may name, makes the record
 with the same ``plain_records`` kernel, appends it through the log as the processor does, and
 answers with the processor's own answer bytes, cut once from a template the processor's
-encoder wrote, the four values spliced in.
+encoder wrote, the four values spliced in.  (That is where the log sums up its appends, as
+the mmap store does; another backend's results are answered by the processor's code after
+the lane's append.)
 
 Everything else (a batch, a binary header, an unusual field, a queue the producer left
 to the broker, a topic that is new, read-only, a retry topic or needs routing, a put that
