@@ -157,6 +157,13 @@ class AppendedRecords:
         """The :data:`AppendSummary` of the results."""
         raise NotImplementedError
 
+    def single(self) -> tuple[tuple[int, int, int], bytes] | None:
+        """For one stored record: its physical offset, size and queue offset, and the store
+        host as its msgId spells it (:func:`~evq.domain.record.offset_msg_id`); None for
+        several records or a refused one.  What a single send's answer needs, without the
+        summary's strings (the send lane makes the msgId itself)."""
+        raise NotImplementedError
+
 
 @attrs.frozen(slots=True)
 class ReadResult:

@@ -42,7 +42,7 @@ from evq.domain.broker import SendResult
 from evq.domain.hashing import index_key_hash
 from evq.domain.log import AppendedRecords, AppendResult, FlushMode, PutStatus
 from evq.domain.message import new_message
-from evq.domain.record import put_record
+from evq.domain.record import offset_msg_id, put_record
 from tests.pagecache import dirty_pages, present_pages
 
 
@@ -119,6 +119,16 @@ def test_an_appended_batch_sums_up_as_its_results_do(
         results[0].physical_offset if results else -1, results[0].queue_offset if results else -1,
         batch.end_offset(), batch.msg_ids(), len(results), batch.size())
     assert SendResult(batch.status(), "T", 0, results).summary() == summary
+    # A single stored record's place and host, as the send lane reads them.
+    single = batch.single()
+    if len(results) == 1 and results[0].status is PutStatus.PUT_OK:
+        assert single is not None
+        (physical, size, queue_offset), raw = single
+        r = results[0]
+        assert (physical, size, queue_offset) == (r.physical_offset, r.size, r.queue_offset)
+        assert offset_msg_id(raw, physical) == r.msg_id
+    else:
+        assert single is None
 
 
 

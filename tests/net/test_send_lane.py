@@ -31,9 +31,9 @@ from evq.domain.clock import ManualClock
 from evq.domain.codes import ResponseCode
 from evq.domain.ids import new_uniq_key
 from evq.domain.log import GetStatus, PutStatus
-from evq.domain.message import Message, Prop, new_message
+from evq.domain.message import Message, Prop, host_bytes, new_message
 from evq.domain.queues import MessageQueue
-from evq.domain.record import decode
+from evq.domain.record import decode, offset_msg_id
 from evq.domain.sent import COMPILED_SENT
 from evq.net.broker import BrokerServer
 from evq.net.broker import send as send_processor
@@ -261,18 +261,23 @@ async def test_lane_follows_topic_changes(tmp_path: Path) -> None:
         assert await both(send(), 3) == ResponseCode.TOPIC_NOT_EXIST
 
 
-@given(msg_id=st.text("0123456789ABCDEF", min_size=32, max_size=32),
-       queue_id=st.integers(0, 2**31 - 1), queue_offset=st.integers(0, 2**63 - 1),
-       opaque=st.integers(-(2**31), 2**31 - 1))
-def test_lane_answer_frame_is_the_processors(msg_id: str, queue_id: int, queue_offset: int,
+@given(host=st.tuples(st.ip_addresses(), st.integers(0, 65535)),
+       physical_offset=st.integers(0, 2**63 - 1), queue_id=st.integers(0, 2**31 - 1),
+       queue_offset=st.integers(0, 2**63 - 1), opaque=st.integers(-(2**31), 2**31 - 1))
+def test_lane_answer_frame_is_the_processors(host: tuple[object, int], physical_offset: int,
+                                             queue_id: int, queue_offset: int,
                                              opaque: int) -> None:
-    """Spliced into the template, any values give the frame the processor's encoder writes."""
+    """Spliced into the template, any values give the frame the processor's encoder writes,
+    its msgId made as RocketMQ's offsetMsgId (IPv4 and IPv6 store hosts alike)."""
     from evq.net.broker.send_lane import answer_frame
 
+    raw = host_bytes((str(host[0]), host[1]))
     cmd = RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=opaque)
     want = send_processor.stored_response(cmd, send_processor.Stored(
-        PutStatus.PUT_OK, queue_id, queue_offset, 0, msg_id, 1, 0, False)).encode()
-    got = answer_frame(send_processor.answer_template(), msg_id, queue_id, queue_offset, opaque)
+        PutStatus.PUT_OK, queue_id, queue_offset, 0, offset_msg_id(raw, physical_offset), 1, 0,
+        False)).encode()
+    got = answer_frame(send_processor.answer_template(), raw, physical_offset, queue_id,
+                       queue_offset, opaque)
     assert got == want
 
 

@@ -71,6 +71,12 @@ class AppendedBatch(AppendedRecords, Sequence[AppendResult]):
         return (first.physical_offset, first.queue_offset, self.end_offset(), self.msg_ids(),
                 len(places), self.size())
 
+    def single(self) -> tuple[tuple[int, int, int], bytes] | None:
+        places = self._places
+        if len(places) == 1 and places[0][0] >= 0:
+            return places[0], self._host
+        return None
+
     def __len__(self) -> int:
         return len(self._places)
 

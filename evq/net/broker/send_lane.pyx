@@ -36,10 +36,6 @@ from libc.string cimport memcpy, memset
 
 cdef extern from "Python.h":
     bint PyDict_CheckExact(object)
-    bint PyUnicode_CheckExact(object)
-    bint PyUnicode_IS_ASCII(object)
-    Py_ssize_t PyUnicode_GET_LENGTH(object)
-    const uint8_t* PyUnicode_1BYTE_DATA(object)
 
 cdef enum:
     MAX_CACHED = 4096  # topics (and peers) remembered: bounded whatever names clients send
@@ -50,6 +46,9 @@ cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.
     QUEUE_ID = 1
     QUEUE_OFFSET = 2
     OPAQUE = 3
+
+
+cdef const char* HEX = b"0123456789ABCDEF"
 
 
 cdef Py_ssize_t decimal(long long value, uint8_t* out) noexcept:
@@ -156,23 +155,24 @@ cdef class SendLane:
             return self.general(conn, cmd)
         appended = self.log.append(plain[0])
         if isinstance(appended, self.appended_records):
-            physical, queue_offset, _, msg_id, count, size = appended.summary()
-            if physical >= 0 and count == 1:  # stored (a single record has one status)
+            place = appended.single()
+            if place is not None:  # stored
+                (physical, size, queue_offset), host = place
                 stats = ctx.stats
                 stats.messages_put += 1
                 stats.bytes_put += size
                 self.taken += 1
-                return splice(self.pieces, self.order, msg_id, f.queue_id, queue_offset,
-                              cmd.opaque)
+                return splice(self.pieces, self.order, host, physical, f.queue_id,
+                              queue_offset, cmd.opaque)
         self.handed_over += 1
         return self.answer_put(cmd, topic, f.queue_id, appended)
 
 
-def answer_frame(template, msg_id, queue_id, queue_offset, opaque):
+def answer_frame(template, host, physical_offset, queue_id, queue_offset, opaque):
     """The answer frame ``template`` (evq.net.broker.send.answer_template) makes of these
-    values, as the lane writes it."""
+    values (the msgId of ``host`` bytes and the physical offset), as the lane writes it."""
     pieces, order = checked_template(template)
-    return splice(pieces, order, msg_id, queue_id, queue_offset, opaque)
+    return splice(pieces, order, host, physical_offset, queue_id, queue_offset, opaque)
 
 
 cdef tuple checked_template(object template):
@@ -186,20 +186,27 @@ cdef tuple checked_template(object template):
     return pieces, order
 
 
-cdef bytes splice(tuple pieces, tuple order, str msg_id, long long queue_id,
-                  long long queue_offset, long long opaque):
-    """The processor's answer frame with these values (see evq.net.broker.send)."""
+cdef bytes splice(tuple pieces, tuple order, bytes host, long long physical_offset,
+                  long long queue_id, long long queue_offset, long long opaque):
+    """The processor's answer frame with these values (see evq.net.broker.send); the msgId is
+    RocketMQ's offsetMsgId, ``host`` and the 8-byte physical offset in uppercase hex."""
     cdef uint8_t values[4][MAX_VALUE]
     cdef Py_ssize_t lengths[4]
-    cdef Py_ssize_t n, header = 0, i, at
+    cdef Py_ssize_t n, header = 0, i, at, host_size
+    cdef const uint8_t* h
     cdef bytes piece, frame
     cdef uint8_t* out
-    if (not PyUnicode_CheckExact(msg_id) or not PyUnicode_IS_ASCII(msg_id)
-            or PyUnicode_GET_LENGTH(msg_id) > MAX_VALUE):
-        raise ValueError(f"a msgId the answer cannot hold: {msg_id!r:.80}")
+    if host is None or 2 * (PyBytes_GET_SIZE(host) + 8) > MAX_VALUE:
+        raise ValueError(f"a store host the answer cannot hold: {host!r:.80}")
+    host_size, h = PyBytes_GET_SIZE(host), <const uint8_t*>PyBytes_AS_STRING(host)
     memset(lengths, 0, sizeof(lengths))
-    lengths[MSG_ID] = PyUnicode_GET_LENGTH(msg_id)
-    memcpy(values[MSG_ID], PyUnicode_1BYTE_DATA(msg_id), lengths[MSG_ID])
+    for i in range(host_size):
+        values[MSG_ID][2 * i] = HEX[h[i] >> 4]
+        values[MSG_ID][2 * i + 1] = HEX[h[i] & 15]
+    for i in range(8):
+        values[MSG_ID][2 * (host_size + i)] = HEX[(physical_offset >> (60 - 8 * i)) & 15]
+        values[MSG_ID][2 * (host_size + i) + 1] = HEX[(physical_offset >> (56 - 8 * i)) & 15]
+    lengths[MSG_ID] = 2 * (host_size + 8)
     lengths[QUEUE_ID] = decimal(queue_id, values[QUEUE_ID])
     lengths[QUEUE_OFFSET] = decimal(queue_offset, values[QUEUE_OFFSET])
     lengths[OPAQUE] = decimal(opaque, values[OPAQUE])
