@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import random
 import struct
 from collections.abc import AsyncIterator
@@ -195,6 +196,12 @@ async def test_lane_answers_and_stores_as_the_processor(tmp_path: Path, config: 
         assert lane.lane.handed_over > 100  # type: ignore[attr-defined]
         lane_answers = config in ("mmap", "mmap-transient-pool")
         assert (lane.lane.taken > 100) is lane_answers  # type: ignore[attr-defined]
+        # The runtime info reports the lane's counters, as `evq admin brokerStatus` shows them.
+        info = RemotingCommand(code=RequestCode.GET_BROKER_RUNTIME_INFO)
+        table = json.loads(decoded(await ask(lane_peer, info, 7) or b"").body)["table"]
+        assert table["evqSendLaneTaken"] == str(lane.lane.taken)  # type: ignore[attr-defined]
+        assert table["evqSendLaneHandedOver"] == str(
+            lane.lane.handed_over)  # type: ignore[attr-defined]
         assert {ResponseCode.SUCCESS, ResponseCode.NO_PERMISSION, ResponseCode.MESSAGE_ILLEGAL,
                 ResponseCode.SYSTEM_ERROR} <= codes.keys(), codes
         queues = [(t, q) for t in lane.ctx.core.topics() for q in range(8)]  # type: ignore[union-attr]

@@ -191,6 +191,10 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "evqBackend": type(log).__name__,
             # The event loop's longest stall since the broker started (evq.net.loop_lag).
             "evqLoopStallMaxMs": round(ctx.loop_lag.max_stall * 1000, 3),
+            # Single sends the compiled send lane answered, and those it handed to the send
+            # processor (both 0 where the lane is not built).
+            "evqSendLaneTaken": 0 if ctx.send_lane is None else ctx.send_lane.taken,
+            "evqSendLaneHandedOver": 0 if ctx.send_lane is None else ctx.send_lane.handed_over,
             "evqTransactionCheckPasses": ctx.engine.transactions.check_passes,
             "commitLogDirCapacity": capacity(disk.path),
             **ctx.stats.runtime_fields(core.clock.now_ms()),

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -20,8 +20,23 @@ from evq.net.broker.stats import BrokerStats
 from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
 from evq.net.loop_lag import LoopLag
+from evq.net.protocol import RemotingCommand
+from evq.net.transport import Connection, Reply
 
 _T = TypeVar("_T")
+
+
+class SendLane(Protocol):
+    """The compiled send lane (evq/net/broker/send_lane.pyx): a send handler whose counters
+    are C integers, free on the hot path, which the runtime info reads."""
+
+    @property
+    def taken(self) -> int: ...
+
+    @property
+    def handed_over(self) -> int: ...
+
+    def __call__(self, conn: Connection, cmd: RemotingCommand) -> Awaitable[Reply] | Reply: ...
 
 
 @attrs.define(slots=True)
@@ -42,6 +57,8 @@ class BrokerContext:
     stats: BrokerStats = attrs.field(factory=lambda: BrokerStats(boot_ms=0))
     # Sends' puts, in arrival order, the large ones off the loop (see evq.net.execution).
     puts: execution.InTurn = attrs.field(factory=execution.InTurn)
+    # The compiled send lane answering single sends, where it is built (evq.net.broker.send).
+    send_lane: SendLane | None = None
 
     @property
     def core(self) -> Broker:

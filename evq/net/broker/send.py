@@ -19,6 +19,7 @@ from evq.domain.record import RecordError
 from evq.domain.sent import SentEntry, sent_batch
 from evq.net import execution, send_header
 from evq.net.broker.context import BrokerContext, parse_host
+from evq.net.broker.context import SendLane as LaneHandler
 from evq.net.codes import RequestCode
 from evq.net.headers.send import SendResponse
 from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
@@ -178,7 +179,8 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
         """The answer to a single send the lane appended but does not answer itself."""
         return answer(cmd, stored_of(sent_result(topic, queue_id, appended), False))
 
-    single = send_lane(ctx, send, answer_put) or send
+    lane = ctx.send_lane = send_lane(ctx, send, answer_put)
+    single = lane or send
     return {RequestCode.SEND_MESSAGE: single, RequestCode.SEND_MESSAGE_V2: single,
             RequestCode.SEND_BATCH_MESSAGE: send}
 
@@ -213,7 +215,7 @@ def answer_template() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
 
 def send_lane(ctx: BrokerContext, general: Handler,
               answer_put: Callable[[RemotingCommand, str, int, Sequence[AppendResult]], Reply]
-              ) -> Handler | None:
+              ) -> LaneHandler | None:
     """The compiled send lane in front of ``general`` (:mod:`evq.net.broker.send_lane`), or
     None where it is not built or not wanted (the frame kernels' switch, ``EVQ_PURE_PYTHON``),
     or the plain path is off for this broker (an IPv6 store host)."""
@@ -224,7 +226,7 @@ def send_lane(ctx: BrokerContext, general: Handler,
         from evq.net.broker.send_lane import SendLane
     except ImportError:
         return None
-    return cast(Handler, SendLane(
+    return cast(LaneHandler, SendLane(
         general=general, ctx=ctx, answer_put=answer_put, plain_records=sent.plain_records,
         parse_host=parse_host, host_bytes=host_bytes, is_ipv6=is_ipv6,
         appended_records=AppendedRecords, terms=terms, template=answer_template(),
