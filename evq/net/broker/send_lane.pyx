@@ -39,7 +39,7 @@ cdef extern from "Python.h":
 
 cdef enum:
     MAX_CACHED = 4096  # topics (and peers) remembered: bounded whatever names clients send
-    MAX_VALUE = 64  # bytes of one spliced value (a msgId is 32, a long 20)
+    MAX_VALUE = 64  # bytes of one spliced value (a msgId 32, 56 for an IPv6 host; a long 20)
 
 cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.send._MARKS)
     MSG_ID = 0
