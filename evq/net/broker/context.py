@@ -26,7 +26,7 @@ from evq.net.transport import Connection, Reply
 _T = TypeVar("_T")
 
 
-class SendLane(Protocol):
+class LaneHandler(Protocol):
     """The compiled send lane (evq/net/broker/send_lane.pyx): a send handler whose counters
     are C integers, free on the hot path, which the runtime info reads."""
 
@@ -58,7 +58,7 @@ class BrokerContext:
     # Sends' puts, in arrival order, the large ones off the loop (see evq.net.execution).
     puts: execution.InTurn = attrs.field(factory=execution.InTurn)
     # The compiled send lane answering single sends, where it is built (evq.net.broker.send).
-    send_lane: SendLane | None = None
+    send_lane: LaneHandler | None = None
 
     @property
     def core(self) -> Broker:

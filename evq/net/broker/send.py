@@ -18,8 +18,7 @@ from evq.domain.message import Host, host_bytes, is_ipv6
 from evq.domain.record import RecordError
 from evq.domain.sent import SentEntry, sent_batch
 from evq.net import execution, send_header
-from evq.net.broker.context import BrokerContext, parse_host
-from evq.net.broker.context import SendLane as LaneHandler
+from evq.net.broker.context import BrokerContext, LaneHandler, parse_host
 from evq.net.codes import RequestCode
 from evq.net.headers.send import SendResponse
 from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
@@ -232,4 +231,3 @@ def send_lane(ctx: BrokerContext, general: Handler,
         appended_records=AppendedRecords, terms=terms, template=answer_template(),
         v1_code=RequestCode.SEND_MESSAGE, v2_code=RequestCode.SEND_MESSAGE_V2,
         json_type=SerializeType.JSON))
-

@@ -38,7 +38,7 @@ cdef extern from "Python.h":
     bint PyDict_CheckExact(object)
 
 cdef enum:
-    MAX_CACHED = 4096  # topics (and peers) remembered: bounded whatever names clients send
+    MAX_CACHED = 4096  # topics (existing ones) and peers remembered, at most
     MAX_VALUE = 64  # bytes of one spliced value (a msgId 32, 56 for an IPv6 host; a long 20)
 
 cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.send._MARKS)
@@ -85,7 +85,7 @@ cdef class SendLane:
     cdef object cluster_entry
     cdef long long max_body
     cdef object version
-    cdef dict queues  # topic -> queues a plain send may name (0: none), at ``version``
+    cdef dict queues  # topic -> queues a plain send may name, at ``version``; taken ones only
     cdef dict hosts  # peer address -> its host bytes as stored, None for IPv6
     cdef tuple pieces  # the answer header's literal bytes around the values
     cdef tuple order  # which value follows each piece but the last
@@ -94,6 +94,11 @@ cdef class SendLane:
     """Sends the lane answered (C counters: what a metrics surface reads for free)."""
     cdef readonly unsigned long long handed_over
     """Sends it handed to the processor, before or after their append."""
+
+    @property
+    def cached_topics(self) -> int:
+        """Topics the lane remembers (the bound's witness in tests)."""
+        return len(self.queues)
 
     def __init__(self, *, general, ctx, answer_put, plain_records, parse_host, host_bytes,
                  is_ipv6, appended_records, terms, template, v1_code, v2_code, json_type):
@@ -127,7 +132,9 @@ cdef class SendLane:
         found = PyDict_GetItem(self.queues, topic)
         if found is NULL:
             queues = self.core.plain_send_queues(topic)
-            if len(self.queues) < MAX_CACHED:
+            # Only a topic the lane takes is kept: its name is one the broker holds (at most
+            # 127 characters), where a client's unknown names could be anything up to a frame.
+            if queues and len(self.queues) < MAX_CACHED:
                 self.queues[topic] = queues
         else:
             queues = <object>found
