@@ -233,9 +233,16 @@ def _collect(config_file: Path | None, env: Mapping[str, str] | None,
 
 
 def build(values: Mapping[str, object]) -> Settings:
+    """The settings of ``values``, by evq name.  An embedder may hand typed values or text;
+    text is read as a config file's would be (``"SYNC_FLUSH"``, ``"10911"``), so every rule
+    below sees typed values, and text that cannot be read is a SettingsError naming it."""
     per_target: dict[str, dict[str, object]] = {t: {} for t in _TARGETS}
     for name, value in values.items():
+        if name not in FIELDS:
+            raise SettingsError(f"settings: unknown setting {name!r}")
         target, _f = FIELDS[name]
+        if isinstance(value, str):
+            value = _convert(name, value, "settings")
         per_target[target][name] = value
         if name in _SHARED:
             for other, cls in _TARGETS.items():

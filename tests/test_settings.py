@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 
 from evq.domain.broker_config import BrokerRole
 from evq.domain.log import FlushMode
-from evq.settings import SettingsError, load
+from evq.settings import SettingsError, build, load
 
 
 def test_defaults_are_the_embedded_default() -> None:
@@ -162,3 +162,21 @@ def test_the_pool_is_ignored_with_a_warning_off_an_async_flush_master(
     assert s.store.transient_store_pool_enable is False
     ignored = [e for e in logs if e["event"] == "transient_store_pool_ignored"]
     assert len(ignored) == 1 and reason in ignored[0]["reason"]
+
+
+def test_an_embedder_may_hand_build_text_or_typed_values(tmp_path: Path) -> None:
+    """``build`` reads text as a config file's, so its rules see typed values: a pool under
+    SYNC_FLUSH is ignored with the same warning, not an AttributeError on a string."""
+    with capture_logs() as logs:
+        s = build({"flush": "SYNC_FLUSH", "transient_store_pool_enable": "true",
+                   "listen_port": "20911", "store_path_root_dir": str(tmp_path)})
+    assert s.store.flush is FlushMode.SYNC_FLUSH and s.net.listen_port == 20911
+    assert s.store.transient_store_pool_enable is False
+    assert [e["event"] for e in logs] == ["transient_store_pool_ignored"]
+    typed = build({"flush": FlushMode.SYNC_FLUSH, "listen_port": 20911,
+                   "store_path_root_dir": str(tmp_path)})
+    assert (typed.store, typed.net) == (s.store, s.net)
+    with pytest.raises(SettingsError, match="listen_port"):
+        build({"listen_port": "ten"})
+    with pytest.raises(SettingsError, match="unknown setting 'listenport'"):
+        build({"listenport": 1})
