@@ -18,8 +18,10 @@ transaction it cannot decide (:mod:`evq.client.transactions`).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
@@ -39,11 +41,18 @@ from evq.domain.hashing import java_hash
 from evq.domain.ids import new_uniq_key, new_uniq_keys
 from evq.domain.message import Message, Prop, encode_properties
 from evq.domain.queues import MessageQueue
-from evq.domain.record import encode_batch
+from evq.domain.record import PURE_PYTHON_VARIABLE, encode_batch
 from evq.net.codes import RequestCode
 from evq.net.headers.clients import UnregisterClientRequest
 from evq.net.headers.send import SendResponse
-from evq.net.protocol import EVQ_LANGUAGE, EVQ_VERSION, RemotingCommand, SerializeType
+from evq.net.protocol import (
+    EVQ_LANGUAGE,
+    EVQ_VERSION,
+    RemotingCommand,
+    SerializeType,
+    parse_int_field,
+    parse_long_field,
+)
 from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, Handler, TransportError
 
@@ -230,7 +239,8 @@ class Producer:
         """The topic's route and publish queues when both are known and current: what a
         send takes without awaiting anything."""
         known = self._publish.get(topic)
-        if known is None or known[0] is not self._started()[0].cached(topic):
+        routes = self._routes  # None once shut down: _publishing then says so
+        if known is None or routes is None or known[0] is not routes.cached(topic):
             return None
         return known
 
@@ -329,14 +339,15 @@ class Producer:
 
     async def _send_to(self, route: TopicRoute, queue: MessageQueue, msgs: list[Message], *,
                        batch: bool) -> SendResult:
-        _, pool = self._started()
-        addr = self._master(route.master(queue.broker_name), queue)
-        if addr not in self._greeted:
-            await self._heartbeat_to(addr)
-        cmd = send_command(self.group, queue, msgs, batch=batch)
+        pool, addr = self._pool, route.master(queue.broker_name)
+        if pool is None or addr is None or addr not in self._greeted:
+            pool, addr = await self._greeted_master(route, queue)
+        make = (functools.partial(_batch_request, self.group, queue, msgs) if batch
+                else functools.partial(send_request, self.group, queue, msgs[0]))
         started = self._clock.monotonic()
         try:
-            answer = await pool.invoke(addr, cmd, self.send_timeout)
+            conn = pool.opened(addr) or await pool.connect(addr)
+            answer = await conn.send_made(make, self.send_timeout)
         except TransportError:
             self._faults.update(queue.broker_name, 0, failed=True)
             raise
@@ -348,10 +359,17 @@ class Producer:
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
         msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
                   else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
-        h = SendResponse.read(answer.ext_fields)
-        if h.queue_id is not None and h.queue_id != queue.queue_id:
-            queue = MessageQueue(queue.topic, queue.broker_name, h.queue_id)
-        return SendResult(status, msg_id, h.msg_id, queue, h.queue_offset)
+        return send_result(status, msg_id, queue, answer.ext_fields)
+
+    async def _greeted_master(self, route: TopicRoute, queue: MessageQueue
+                              ) -> tuple[BrokerPool, str]:
+        """The pool and the master of ``queue``'s broker, heart-beaten before the first send
+        to it: what a send needs first, when it is not all known already."""
+        _, pool = self._started()
+        addr = self._master(route.master(queue.broker_name), queue)
+        if addr not in self._greeted:
+            await self._heartbeat_to(addr)
+        return pool, addr
 
     @staticmethod
     def _master(addr: str | None, queue: MessageQueue) -> str:
@@ -397,3 +415,77 @@ def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch:
         fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
     return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
                                   EVQ_VERSION, 0, 0, None, fields, body, SerializeType.JSON)
+
+
+def _batch_request(group: str, queue: MessageQueue, msgs: list[Message], opaque: int
+                   ) -> tuple[RemotingCommand, None]:
+    """The SEND_BATCH_MESSAGE of ``msgs`` with ``opaque``, for the connection to encode."""
+    cmd = send_command(group, queue, msgs, batch=True)
+    cmd.opaque = opaque
+    return cmd, None
+
+
+# -- compiled kernels --------------------------------------------------------------------------
+
+
+def _send_request(group: str, queue: MessageQueue, msg: Message, opaque: int
+                  ) -> tuple[RemotingCommand, bytes | None]:
+    """The SEND_MESSAGE_V2 of ``msg`` (stamped already) to ``queue`` with ``opaque``, and its
+    whole frame: what a producer's connection sends (:meth:`Connection.send_made`).  Pure:
+    the reference of the compiled twin, which writes the same command and the same bytes."""
+    cmd = send_command(group, queue, [msg], batch=False)
+    cmd.opaque = opaque
+    return cmd, cmd.encode()
+
+
+def _send_result(status: SendStatus, msg_id: str, queue: MessageQueue,
+                 fields: Mapping[str, str]) -> SendResult:
+    """The result of a send to ``queue`` that the broker stored (``status``), its answer's
+    header ``fields`` read as :class:`SendResponse`; the queue the broker names if it chose
+    another.  Pure: the reference of the compiled twin."""
+    h = SendResponse.read(fields)
+    if h.queue_id is not None and h.queue_id != queue.queue_id:
+        queue = MessageQueue(queue.topic, queue.broker_name, h.queue_id)
+    return SendResult(status, msg_id, h.msg_id, queue, h.queue_offset)
+
+
+SendRequest = Callable[[str, MessageQueue, Message, int], tuple[RemotingCommand, bytes | None]]
+SendResultOf = Callable[[SendStatus, str, MessageQueue, Mapping[str, str]], SendResult]
+
+
+@attrs.frozen(slots=True)
+class SendKernels:
+    """One implementation of a single send's two hot functions: the pure-Python ones above
+    (the reference) or their compiled twins in evq/client/send_kernels.pyx."""
+
+    send_request: SendRequest
+    send_result: SendResultOf
+
+
+PURE = SendKernels(_send_request, _send_result)
+
+
+def _compiled_kernels() -> SendKernels | None:
+    """The compiled kernels, bound to this module; None where they were not built or
+    ``EVQ_PURE_PYTHON`` asks for pure Python (as for the frame kernels)."""
+    if os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0"):
+        return None
+    try:
+        from evq.client import send_kernels
+    except ImportError:
+        return None
+    send_kernels.bind(
+        command=RemotingCommand, result=SendResult, queue=MessageQueue,
+        pure_send_request=_send_request, pure_send_result=_send_result,
+        parse_int_field=parse_int_field, parse_long_field=parse_long_field, code=_SEND,
+        evq_language=EVQ_LANGUAGE, language_name=EVQ_LANGUAGE.name, evq_version=EVQ_VERSION,
+        json=SerializeType.JSON, sysflag_bits=sf.COMPRESSED | sf.TRANSACTION_MASK,
+        auto_create=tp.AUTO_CREATE_TOPIC, retry=tp.RETRY_PREFIX)
+    return SendKernels(send_kernels.send_request, send_kernels.send_result)
+
+
+COMPILED = _compiled_kernels()
+"""The compiled kernels, or None where they are not built or not wanted."""
+KERNELS = COMPILED or PURE
+"""The kernels this process runs."""
+send_request, send_result = KERNELS.send_request, KERNELS.send_result

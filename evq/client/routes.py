@@ -136,15 +136,26 @@ class BrokerPool:
         """The answer to ``cmd`` from ``addr``, to await.  On an open connection this is the
         connection's own request: a coroutine of this method's around it was one more frame
         every answer passed through on its way to the caller."""
-        conn = self._open.get(addr)
-        if conn is None or conn.is_closed:
+        conn = self.opened(addr)
+        if conn is None:
             return self._invoke_opening(addr, cmd, timeout)
         return conn.send_request(cmd, timeout)
 
     async def _invoke_opening(self, addr: str, cmd: RemotingCommand,
                               timeout: float) -> RemotingCommand:
+        return await (await self.connect(addr)).send_request(cmd, timeout)
+
+    def opened(self, addr: str) -> Connection | None:
+        """The open connection to ``addr``, if there is one (what a request goes out on
+        without awaiting anything first)."""
+        conn = self._open.get(addr)
+        return None if conn is None or conn.is_closed else conn
+
+    async def connect(self, addr: str) -> Connection:
+        """The connection to ``addr``, opened if there is none; raises a
+        :class:`TransportError`."""
         conn = self._open[addr] = await self.client(addr).connection()
-        return await conn.send_request(cmd, timeout)
+        return conn
 
     async def call(self, addr: str, cmd: RemotingCommand, what: str,
                    timeout: float = REQUEST_TIMEOUT_S,

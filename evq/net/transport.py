@@ -263,6 +263,17 @@ class Answer(asyncio.Future[RemotingCommand]):
             self.get_loop().call_soon(waker[0], self, context=waker[1])
 
 
+MadeRequest = Callable[[int], tuple[RemotingCommand, bytes | None]]
+"""What :meth:`Connection.send_made` calls with the request's opaque: the request with that
+opaque, and its whole frame (None: the connection encodes it)."""
+
+
+def _stamped(cmd: RemotingCommand, opaque: int) -> tuple[RemotingCommand, None]:
+    """``cmd`` given its opaque, for :meth:`Connection.send_made` to encode."""
+    cmd.opaque = opaque
+    return cmd, None
+
+
 _Pending = tuple[Answer, float, RemotingCommand, float]
 """A request waiting for its answer: the waiter, its deadline on the loop's clock, the request
 and its timeout (what a :class:`RequestTimeout` names)."""
@@ -473,12 +484,28 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- requests from this side --------------------------------------------------------------
 
-    async def send_request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+    def send_request(self, cmd: RemotingCommand, timeout: float
+                     ) -> Coroutine[Any, Any, RemotingCommand]:
         """Send ``cmd`` (its opaque is assigned here) and wait for the peer's answer; after
-        ``timeout`` seconds without one, :class:`RequestTimeout`."""
+        ``timeout`` seconds without one, :class:`RequestTimeout`.  (:meth:`send_made`'s
+        coroutine, returned as it is: a coroutine of this method's around it was one more
+        frame every answer passed through on its way to the caller.)"""
         cmd.flag &= ~ONEWAY_FLAG
-        cmd.opaque = opaque = self._opaques()
-        self._sign(cmd)
+        return self.send_made(functools.partial(_stamped, cmd), timeout)
+
+    async def send_made(self, make: MadeRequest, timeout: float) -> RemotingCommand:
+        """Send the request ``make(opaque)`` makes for this connection's next opaque, and
+        wait for the peer's answer as :meth:`send_request` does.
+
+        For a request whose frame is written in one call with its opaque in it (a producer's
+        send: :mod:`evq.client.send_kernels`): ``make`` returns the command and its whole
+        frame, or None for the frame to be encoded here.  A connection with credentials signs
+        the command and encodes it itself, since the signature adds to its fields."""
+        opaque = self._opaques()
+        cmd, frame = make(opaque)
+        if self._credentials is not None:
+            self._sign(cmd)
+            frame = None
         loop = self._loop
         future = Answer(loop=loop)
         deadline = loop.time() + timeout
@@ -486,7 +513,7 @@ class Connection(asyncio.BufferedProtocol):
         if deadline < self._expiry_at:
             self._expire_at(deadline)
         try:
-            self._write(cmd)
+            self._write_frame(cmd.encode() if frame is None else frame)
             return await future
         finally:
             self._pending.pop(opaque, None)
@@ -555,9 +582,13 @@ class Connection(asyncio.BufferedProtocol):
             cmd.ext_fields = signed_fields(self._credentials, cmd.ext_fields, cmd.body)
 
     def _write(self, cmd: RemotingCommand) -> None:
-        if self._transport is None or self._transport.is_closing():
+        self._write_frame(cmd.encode())
+
+    def _write_frame(self, frame: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
             raise ConnectionClosed(f"connection {self.id} to {self.peer} is closed")
-        self._transport.write(cmd.encode())
+        transport.write(frame)
         self.last_active = self._clock.monotonic()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
