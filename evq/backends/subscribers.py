@@ -16,31 +16,40 @@ log = logs.get_logger(__name__)
 
 
 class DispatchSubscribers:
-    __slots__ = ("_callbacks", "_lock")
+    __slots__ = ("_lock", "callbacks")
 
     def __init__(self) -> None:
-        self._callbacks: list[DispatchCallback] = []
+        self.callbacks: tuple[DispatchCallback, ...] = ()
+        """Who listens, in subscription order.  Replaced on each change, never changed in
+        place: a notification walks it without copying it, and the mmap store's compiled
+        append reads it as :meth:`notify` does (evq/backends/mmapfile/store_kernels.pyx)."""
         self._lock = threading.Lock()
 
     def __bool__(self) -> bool:
         """Whether anyone listens: the append path builds no event list otherwise."""
-        return bool(self._callbacks)
+        return bool(self.callbacks)
 
     def subscribe(self, callback: DispatchCallback) -> Callable[[], None]:
         with self._lock:
-            self._callbacks.append(callback)
+            self.callbacks = (*self.callbacks, callback)
 
         def unsubscribe() -> None:
             with self._lock:
-                if callback in self._callbacks:
-                    self._callbacks.remove(callback)
+                callbacks = list(self.callbacks)
+                if callback in callbacks:
+                    callbacks.remove(callback)
+                    self.callbacks = tuple(callbacks)
 
         return unsubscribe
 
     def notify(self, batch: Sequence[Dispatched]) -> None:
         """Hand ``batch`` to every subscriber; one that fails is logged, not fatal."""
-        for cb in list(self._callbacks):
+        for cb in self.callbacks:
             try:
                 cb(batch)
             except Exception:
-                log.exception("dispatch_subscriber_failed")
+                self.failed()
+
+    def failed(self) -> None:
+        """Log the exception a subscriber raised (called while it is being handled)."""
+        log.exception("dispatch_subscriber_failed")

@@ -1,5 +1,6 @@
 """The store's compiled loops (evq/backends/mmapfile/store_kernels.pyx) against their pure
-references (append_loop.append_records, index_file.put_entries).
+references (append_loop.append_records, index_file.put_entries, and the methods whose whole
+common case they also run: MmapMessageLog.append, IndexService.put, AppendedBatch.single).
 
 Two mmap stores, one running each, take the same random workload: batches of records in many
 topics and queues, with and without index keys, prepared and committed transactions, IPv6
@@ -24,9 +25,10 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from evq.backends.config import StoreConfig
-from evq.backends.mmapfile import index_file, kernels
+from evq.backends.mmapfile import appended, index_file, kernels
 from evq.backends.mmapfile.kernels import COMPILED, PURE, StoreKernels
 from evq.backends.mmapfile.store import MmapMessageLog
 from evq.domain import record
@@ -60,6 +62,9 @@ def test_the_compiled_loops_are_built_and_used_where_a_compiler_is() -> None:
 
     assert kernels.KERNELS is (PURE if PURE_RUN else COMPILED)
     assert MmapMessageLog.kernels is kernels.KERNELS
+    single = appended.AppendedBatch.single
+    assert single is appended.AppendedBatch.pure_single if PURE_RUN else single.__module__ == (
+        "evq.backends.mmapfile.store_kernels")
 
 
 def test_the_variable_selects_the_pure_loops() -> None:
@@ -341,3 +346,87 @@ def test_put_entries_matches_on_any_hashes(
                           [((hash_over,), 1)], 0, 1, 0, entries, 7)
             got.append((first, written, bad))
     assert got[0] == got[1]
+
+
+# --- the append's ends: the index put, the result, a failing subscriber ----------------------
+
+
+def _index_files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+index_batches = st.lists(
+    st.lists(st.tuples(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=5)
+                       .map(tuple), st.integers(0, 2**40)), min_size=1, max_size=12),
+    min_size=1, max_size=12)
+
+
+@needs_compiled
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=index_batches, slots=st.sampled_from([1, 2, 7, 1014, 1015]),
+       entries=st.integers(2, 30), steps=st.lists(st.integers(-5000, 40_000), min_size=12,
+                                                  max_size=12))
+def test_the_compiled_index_put_writes_what_the_service_writes(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[tuple[int, ...], int]]],
+    slots: int, entries: int, steps: list[int],
+) -> None:
+    """The compiled ``index_put`` (the common case in one file, the rest handed to
+    ``IndexService.put_rest``) and ``IndexService.put`` leave the same index files and state
+    for any keys, slot counts (bucket collisions from every key in one slot up, heads in one
+    or two chunks), file sizes (items that fill a file, or more keys than a file holds) and
+    store times (also going back, or past the largest difference an entry holds)."""
+    assert COMPILED is not None
+    from evq.backends.mmapfile import store_kernels
+
+    tmp = tmp_path_factory.mktemp("index_put")
+    got = []
+    for name, put in (("pure", index_file.IndexService.put), ("compiled", store_kernels.index_put)):
+        service = index_file.IndexService(tmp / name, slots, entries)
+        ts = START_MS
+        outcomes = []
+        for batch, step in zip(batches, steps, strict=False):
+            ts += step * 1000 if step > 39_000 else step  # now and then past MAX_TIME_DIFF
+            outcomes.append(outcome(put, service, list(batch), ts))
+            outcomes.append([(f.count, f.slots_used, f.begin_ts, f.end_ts, f.begin_phys,
+                              f.end_phys) for f in service.files])
+        service.flush()
+        service.close()
+        got.append((outcomes, _index_files(tmp / name)))
+    assert got[0] == got[1]
+    event(f"index files: {min(3, len(got[0][1]))}")
+
+
+@needs_compiled
+@given(places=st.lists(st.sampled_from([(0, 300, 0), (4096, 1, 7), appended.ILLEGAL,
+                                        appended.REFUSED]), max_size=3),
+       host=st.sampled_from([b"\x7f\x00\x00\x01\x00\x00\x27\x1b", bytes(20)]))
+def test_the_compiled_single_answers_as_the_method(
+    places: list[tuple[int, int, int]], host: bytes
+) -> None:
+    batch = appended.AppendedBatch(places, START_MS, host)
+    assert batch.single() == batch.pure_single()
+
+
+@needs_compiled
+@pytest.mark.parametrize("cls", [PureLog, CompiledLog])
+def test_a_failing_subscriber_is_logged_and_the_next_still_hears(
+    tmp_path: Path, cls: type[MmapMessageLog]
+) -> None:
+    log = cls.open(tmp_path, StoreConfig(warm_segments=False), clock=ManualClock(START_MS),
+                   background=False)
+    heard: list[list[Dispatched]] = []
+
+    def bad(batch: list[Dispatched]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    log.subscribe_dispatch(bad)
+    log.subscribe_dispatch(heard.append)
+    try:
+        with capture_logs() as logs:
+            log.append([put_record(new_message("T", b"x", compress_over=None))])
+    finally:
+        log.close()
+    assert [e["event"] for e in logs] == ["dispatch_subscriber_failed"]
+    assert logs[0]["exc_info"] is True
+    assert [d.queue_offset for batch in heard for d in batch] == [0]

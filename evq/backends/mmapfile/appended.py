@@ -11,11 +11,27 @@ summaries (:class:`~evq.domain.log.AppendedRecords`) from the places.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
 
+from evq.domain import record as rec
 from evq.domain.log import AppendedRecords, AppendResult, AppendSummary, PutStatus
 from evq.domain.record import offset_msg_id, offset_msg_ids
+
+
+def _compiled_single() -> Callable[[Any], tuple[tuple[int, int, int], bytes] | None] | None:
+    """The compiled twin of :meth:`AppendedBatch.single` (``single`` in store_kernels.pyx),
+    where the store's kernels are built and wanted (as evq.backends.mmapfile.kernels
+    chooses): the send lane asks it of every single send, and as a method it ran a Python
+    frame of 25 bytecodes there."""
+    if rec.COMPILED is None:
+        return None
+    try:
+        from evq.backends.mmapfile.store_kernels import single
+    except ImportError:
+        return None
+    return single  # type: ignore[no-any-return]
+
 
 ILLEGAL = (-1, 0, -1)
 """The place of a record the log refused (MESSAGE_ILLEGAL): AppendResult's defaults."""
@@ -71,11 +87,14 @@ class AppendedBatch(AppendedRecords, Sequence[AppendResult]):
         return (first.physical_offset, first.queue_offset, self.end_offset(), self.msg_ids(),
                 len(places), self.size())
 
-    def single(self) -> tuple[tuple[int, int, int], bytes] | None:
+    def pure_single(self) -> tuple[tuple[int, int, int], bytes] | None:
+        """:meth:`single`'s reference."""
         places = self._places
         if len(places) == 1 and places[0][0] >= 0:
             return places[0], self._host
         return None
+
+    single = _compiled_single() or pure_single
 
     def __len__(self) -> int:
         return len(self._places)

@@ -477,8 +477,15 @@ class IndexService:
         if not items:
             return
         f = self.files[-1] if self.files else self._new_file(store_ts)
+        self.put_rest(f, items, f.put(items, store_ts, self._put_entries), store_ts)
+
+    def put_rest(self, f: IndexFile, items: list[tuple[tuple[int, ...], int]], done: int,
+                 store_ts: int) -> None:
+        """Go on with :meth:`put` once the last file ``f`` took ``items[:done]``: the rest go
+        to new files, and the next file is built ahead when ``f`` is nearly full.  Also where
+        the compiled put (``index_put`` in store_kernels.pyx) hands over when its one file
+        put did not take every item or the file filled past :data:`SPARE_AT`."""
         while True:
-            done = f.put(items, store_ts, self._put_entries)
             if done == len(items):
                 if f.count >= self._spare_at:
                     self.prepare(store_ts)
@@ -491,6 +498,7 @@ class IndexService:
                 items = [(hashes[:room], phys), (hashes[room:], phys), *items[1:]]
             else:
                 f = self._new_file(store_ts)
+            done = f.put(items, store_ts, self._put_entries)
 
     def prepare(self, now_ms: int) -> None:
         """Have the next file built if none is yet and the current one is (nearly) full."""

@@ -1,4 +1,4 @@
-"""The store's hot loops: the pure-Python references or their compiled twins.
+"""The store's hot loops and its append: the pure-Python references or their compiled twins.
 
 The twins live in evq/backends/mmapfile/store_kernels.pyx and are built where a C compiler
 exists (setup.py).  They are used exactly where the record codec's are (see
@@ -10,13 +10,16 @@ checks that over random workloads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
+from evq.backends import disk
 from evq.backends.mmapfile import append_loop, consume_queue, index_file
+from evq.backends.mmapfile.appended import REFUSED, AppendedBatch
 from evq.domain import record as rec
-from evq.domain.log import Dispatched
+from evq.domain.log import Dispatched, LogClosed
 
 
 @attrs.frozen(slots=True)
@@ -26,6 +29,9 @@ class StoreKernels:
 
     append_records: Callable[[append_loop.AppendRun, int], int]
     put_entries: index_file.PutEntries
+    append: Callable[[Any, Sequence[rec.PutRecord]], AppendedBatch] | None = None
+    """The twin of the whole of :meth:`MmapMessageLog.append` (the store, the records), which
+    the store installs as its ``append``; None: the method itself, the reference."""
 
 
 PURE = StoreKernels(append_loop.append_records, index_file.put_entries)
@@ -47,8 +53,12 @@ def _compiled() -> StoreKernels | None:
         queue_offset_at=rec.QUEUE_OFFSET_AT, physical_offset_at=rec.PHYSICAL_OFFSET_AT,
         cq_entry_size=consume_queue.ENTRY_SIZE, index_header_size=index_file.HEADER_SIZE,
         index_entry_size=index_file.ENTRY_SIZE, index_head_chunk=index_file.HEAD_CHUNK,
+        max_time_diff=index_file.MAX_TIME_DIFF, blank_size=rec.BLANK_SIZE, log_closed=LogClosed,
+        refused=REFUSED, no_space_fn=disk.no_space, store_fields=rec.STORE_V4.pack,
+        appended_batch=AppendedBatch,
     )
-    return StoreKernels(store_kernels.append_records, store_kernels.put_entries)
+    return StoreKernels(store_kernels.append_records, store_kernels.put_entries,
+                        store_kernels.append)
 
 
 COMPILED = _compiled()

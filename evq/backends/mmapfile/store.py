@@ -29,6 +29,7 @@ import mmap
 import os
 import struct
 import sys
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -134,6 +135,10 @@ class MmapMessageLog(StoreShell):
             cqs=self._cqs, patch_v6=self._patch_store_fields,
         )
         """The append loop's state (see :meth:`append`), used under the put lock."""
+        if self.kernels.append is not None:
+            # The compiled append (store_kernels.pyx) as this store's own: a method calling it
+            # would add the Python frame the twin exists to save.
+            self.append = types.MethodType(self.kernels.append, self)  # type: ignore[method-assign]
 
     def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
         """The transient store pool if the config enables it and its rule allows it (see
@@ -460,6 +465,8 @@ class MmapMessageLog(StoreShell):
     # --- writing -------------------------------------------------------------------------
 
     def append(self, records: Sequence[rec.PutRecord]) -> AppendedBatch:
+        """The reference of ``append`` in store_kernels.pyx, which replaces it per instance
+        where the kernels are compiled (see :meth:`__init__`): a change here is made there."""
         with self._put_lock:
             if self._closed:
                 raise LogClosed("the log is closed")
@@ -557,10 +564,15 @@ class MmapMessageLog(StoreShell):
         try:
             self._index.put(indexed, now)
         except OSError as exc:
-            if not disk.no_space(exc):
-                raise
-            log.warning("index_entries_dropped", records=len(indexed), error=str(exc))
-            self._found_no_space(exc)
+            self._index_failed(indexed, exc)
+
+    def _index_failed(self, indexed: list[tuple[tuple[int, ...], int]], exc: OSError) -> None:
+        """What :meth:`_put_index` (and the compiled append) do when the index put raised
+        ``exc``: a full disk drops the entries left, anything else propagates."""
+        if not disk.no_space(exc):
+            raise exc
+        log.warning("index_entries_dropped", records=len(indexed), error=str(exc))
+        self._found_no_space(exc)
 
     def _patch_store_fields(self, mm: mmap.mmap, pos: int, flags: int, now: int) -> None:
         rules.stamp_store_fields(mm, pos, flags, now, self._host)  # type: ignore[arg-type]

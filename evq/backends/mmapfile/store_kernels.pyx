@@ -1,13 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twins of the store's hot loops: ``append_records`` of
-evq.backends.mmapfile.append_loop and ``put_entries`` of evq.backends.mmapfile.index_file,
-which stay the reference and the fallback (evq.backends.mmapfile.kernels chooses).
+"""Compiled twins of the store's hot paths: ``append_records`` of
+evq.backends.mmapfile.append_loop and ``put_entries`` of evq.backends.mmapfile.index_file (the
+loops), and ``append`` (:meth:`MmapMessageLog.append`), ``index_put``
+(:meth:`IndexService.put`) and ``single`` (:meth:`AppendedBatch.single`), the steps a single
+send runs around them: those were about 460 of the 820 bytecodes the broker ran for one, in
+a dozen small Python frames (issue 18).  The Python code stays the reference and the fallback
+(evq.backends.mmapfile.kernels and evq.backends.mmapfile.appended choose).
 
 Each twin reads and leaves the same state as its reference, writes the same bytes, and stops
 where it stops; tests/backends/test_store_kernels.py checks that over random workloads.  What
 is rare stays Python, called from here where the reference calls it: the store fields of a
 record with an IPv6 host (``run.patch_v6``), a ConsumeQueue entry outside its last file's
-allocated part (:meth:`ConsumeQueue.put`), the fields of a record that is no PutRecord.
+allocated part (:meth:`ConsumeQueue.put`), the fields of a record that is no PutRecord, a
+record's rare step and a full disk (the store's methods), an index file that fills or a new
+one (:meth:`IndexService.put_rest`), the transient store pool's deferred announcement, a
+dispatch subscriber that raised.
 
 The module imports nothing from evq: :func:`bind` hands it the layout numbers and the classes
 it reads and builds, once, when evq.backends.mmapfile.kernels loads it.
@@ -60,19 +67,30 @@ cdef Py_ssize_t CQ_ENTRY_SIZE = 0
 cdef Py_ssize_t INDEX_ENTRY_SIZE = 0
 cdef Py_ssize_t INDEX_HEADER_SIZE = 0
 cdef Py_ssize_t INDEX_HEAD_CHUNK = 1
+cdef Py_ssize_t BLANK_SIZE = 0
+cdef int64_t MAX_TIME_DIFF = 0
+# What the append refers to: evq's classes, refusals and rules, as bind() hands them over.
+cdef object LogClosed = None
+cdef object REFUSED = None
+cdef object no_space = None
+cdef object pack_store_fields = None
+cdef object AppendedBatch = None  # a Sequence: ABCMeta's, not exactly a type
+cdef Py_ssize_t AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST
 cdef bint bound = False
 
 
 def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, store_at, store_end,
          queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
-         index_entry_size, index_head_chunk) -> None:
+         index_entry_size, index_head_chunk, max_time_diff, blank_size, log_closed, refused,
+         no_space_fn, store_fields, appended_batch) -> None:
     """Hand the kernels the layout numbers and the Dispatched class (called once, by
     evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
     (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
     changed stops the import rather than write wrong bytes."""
     global Dispatched, NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT, STORE_AT, STORE_SIZE
     global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK
-    global bound
+    global bound, BLANK_SIZE, MAX_TIME_DIFF, LogClosed, REFUSED, no_space, pack_store_fields
+    global AppendedBatch, AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST
     global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
     if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
             or index_entry_size != 20 or index_header_size != 40 or index_head_chunk <= 0):
@@ -94,10 +112,16 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     STORE_AT, STORE_SIZE = store_at, store_end - store_at
     QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE = queue_offset_at, cq_entry_size, index_entry_size
     INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK = index_header_size, index_head_chunk
+    MAX_TIME_DIFF, BLANK_SIZE = max_time_diff, blank_size
+    LogClosed, REFUSED, no_space, pack_store_fields = log_closed, refused, no_space_fn, store_fields
+    AppendedBatch = appended_batch
+    AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST = (slot_at(appended_batch, "_places"),
+                                             slot_at(appended_batch, "_store_timestamp"),
+                                             slot_at(appended_batch, "_host"))
     bound = True
 
 
-cdef Py_ssize_t slot_at(type cls, str name) except -1:
+cdef Py_ssize_t slot_at(object cls, str name) except -1:
     descriptor = cls.__dict__.get(name)
     if type(descriptor) is not MemberDescriptorType:
         raise RuntimeError(f"{cls.__name__}.{name} is no longer a slot")
@@ -176,6 +200,11 @@ cdef int cq_put(object cq, int64_t qo, int64_t phys, Py_ssize_t n, object tags) 
 
 def append_records(object run, Py_ssize_t i) -> int:
     """The twin of :func:`evq.backends.mmapfile.append_loop.append_records`."""
+    return run_records(run, i)
+
+
+cdef Py_ssize_t run_records(object run, Py_ssize_t i) except -1:
+    """:func:`append_records`, called from C by :func:`append` too."""
     cdef Py_buffer out, data_view
     cdef uint8_t* dst
     cdef const uint8_t* src
@@ -267,6 +296,99 @@ def append_records(object run, Py_ssize_t i) -> int:
     return i
 
 
+# --- the append -------------------------------------------------------------------------------
+
+
+def append(object log, object records):
+    """The twin of :meth:`evq.backends.mmapfile.store.MmapMessageLog.append` (reading and
+    setting the same fields of ``log``); the store installs it as its ``append`` where the
+    kernels are compiled.  What is rare stays the store's Python, called where the reference
+    calls it: a record's rare step (``_prepare_record``), a full disk (``_found_no_space``,
+    ``_index_failed``), a new index file (``IndexService.put_rest``), the transient store
+    pool's deferred announcement (``CommitService.defer``), a subscriber that raised."""
+    cdef Py_ssize_t count, i, prepared
+    if not bound:
+        raise RuntimeError("store_kernels.bind was not called")
+    with log._put_lock:
+        if log._closed:
+            raise LogClosed("the log is closed")
+        if log._refused:  # the disk is full: see evq.backends.shell
+            return new_batch([REFUSED] * len(records), 0, log._host)
+        now = log._clock.now_ms()
+        last = log._last_store_ts
+        if now < last:  # store times never go backwards
+            now = last
+        log._last_store_ts = now
+        run = log._run
+        files = log._log.files
+        mf = files[len(files) - 1]  # (no negative indices here: wraparound=False)
+        # AppendRun.at(mf)
+        run.mf, run.mm, run.start, run.pos = mf, mf.writer, mf.start, mf.wrote
+        run.room = min(mf.size, mf.allocated) - BLANK_SIZE
+        if now != run.now:
+            run.now, run.store_fields = now, pack_store_fields(now, log._host)
+        run.records, run.places, run.indexed = records, [], []
+        subscribers = log._subscribers
+        run.notify = [] if subscribers.callbacks else None
+        count, i, prepared = len(records), 0, -1
+        try:
+            while True:
+                i = run_records(run, i)
+                if i >= count:
+                    break
+                if i == prepared:  # its rare step left it off the fast path: a bug
+                    raise RuntimeError(f"the append loop stopped twice at record {i}")
+                prepared = i
+                i += log._prepare_record(run, records[i])
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            log._found_no_space(exc)
+            run.places += [REFUSED] * (count - len(run.places))
+        places, indexed, notify, mf, pos = run.places, run.indexed, run.notify, run.mf, run.pos
+        end = run.start + pos
+        run.records = ()
+        if indexed:
+            try:
+                index_put(log._index, indexed, now)
+            except OSError as exc:
+                log._index_failed(indexed, exc)
+        log._dispatched = end
+        if mf.start + pos >= log._warm_at:  # MmapMessageLog._warm_ahead
+            log._warm_at = log._allocator.warm_ahead(mf, pos)
+        if notify:
+            committer = log._committer
+            if committer is not None:  # announced once they are in the file
+                committer.defer(end, notify)
+            else:  # DispatchSubscribers.notify
+                for callback in subscribers.callbacks:
+                    try:
+                        callback(notify)
+                    except Exception:
+                        subscribers.failed()
+    return new_batch(places, now, log._host)
+
+
+cdef object new_batch(list places, object store_timestamp, object host):
+    """``AppendedBatch(places, store_timestamp, host)``, its slots set directly."""
+    batch = object_new(AppendedBatch)
+    set_new(batch, AT_PLACES, places)
+    set_new(batch, AT_BATCH_TS, store_timestamp)
+    set_new(batch, AT_BATCH_HOST, host)
+    return batch
+
+
+def single(object batch):
+    """The twin of :meth:`evq.backends.mmapfile.appended.AppendedBatch.single`, which it
+    replaces where the kernels are compiled (the send lane asks it of every send)."""
+    places = batch._places
+    if len(places) == 1:
+        place = places[0]
+        if place[0] >= 0:
+            return place, batch._host
+    return None
+
+
 # --- the index entry loop ---------------------------------------------------------------------
 
 
@@ -297,6 +419,16 @@ def put_entries(object mm, object slot, object dirty, Py_ssize_t slots, Py_ssize
                 int32_t diff) -> tuple:
     """The twin of :func:`evq.backends.mmapfile.index_file.put_entries`.  It holds the GIL
     throughout: a flush copying a head chunk sees a put whole or not at all."""
+    cdef Py_ssize_t at[3]
+    at[0], at[1], at[2] = done, count, used
+    write_entries(mm, slot, dirty, slots, base, items, at, limit, diff)
+    return at[0], at[1], at[2]
+
+
+cdef int write_entries(object mm, object slot, object dirty, Py_ssize_t slots, Py_ssize_t base,
+                       list items, Py_ssize_t* at, Py_ssize_t limit, int32_t diff) except -1:
+    """:func:`put_entries`'s loop; ``at`` holds its ``(done, count, used)``, moved on as they
+    are written (also when a hash out of range stops it half way)."""
     cdef Py_buffer out, table, flags
     cdef uint8_t* p
     cdef uint8_t* chunk_flags
@@ -318,11 +450,11 @@ def put_entries(object mm, object slot, object dirty, Py_ssize_t slots, Py_ssize
                     raise ValueError("dirty must hold a flag for each head chunk")
                 heads = <int32_t*>table.buf
                 chunk_flags = <uint8_t*>flags.buf
-                prefetch_heads(heads, slots, items, done, nitems)
-                for k in range(done, nitems):
+                prefetch_heads(heads, slots, items, at[0], nitems)
+                for k in range(at[0], nitems):
                     hashes, phys_obj = items[k]
                     m = len(hashes)
-                    if count + m > limit:
+                    if at[1] + m > limit:
                         break
                     phys = phys_obj
                     for j in range(m):
@@ -334,22 +466,73 @@ def put_entries(object mm, object slot, object dirty, Py_ssize_t slots, Py_ssize
                             s += slots
                         head = heads[s]
                         if not head:
-                            used += 1
-                        if base + (count + 1) * INDEX_ENTRY_SIZE > out.len:
+                            at[2] += 1
+                        if base + (at[1] + 1) * INDEX_ENTRY_SIZE > out.len:
                             raise IndexError("index entry past the end of its file")
-                        p = <uint8_t*>out.buf + base + count * INDEX_ENTRY_SIZE
+                        p = <uint8_t*>out.buf + base + at[1] * INDEX_ENTRY_SIZE
                         put32(p, <uint32_t>h)
                         put64(p + 4, <uint64_t>phys)
                         put32(p + 12, <uint32_t>diff)
                         put32(p + 16, <uint32_t>head)
-                        heads[s] = <int32_t>count
+                        heads[s] = <int32_t>at[1]
                         chunk_flags[(INDEX_HEADER_SIZE + 4 * s) // INDEX_HEAD_CHUNK] = 1
-                        count += 1
-                    done += 1
+                        at[1] += 1
+                    at[0] += 1
             finally:
                 PyBuffer_Release(&flags)
         finally:
             PyBuffer_Release(&table)
     finally:
         PyBuffer_Release(&out)
-    return done, count, used
+    return 0
+
+
+cdef Py_ssize_t file_put(object f, list items, object store_ts) except -1:
+    """The twin of :meth:`evq.backends.mmapfile.index_file.IndexFile.put` (reading and
+    setting the same fields of ``f``), its entry loop :func:`write_entries`."""
+    cdef Py_ssize_t at[3]
+    cdef Py_ssize_t nitems = len(items), base, max_entries, end, limit
+    cdef int64_t diff
+    if f._image is None:
+        f.take_head()
+    file, base, max_entries = f.file, f.base, f.max_entries
+    if f.count == 1:
+        f.begin_ts, f.begin_phys = store_ts, items[0][1]
+    seconds = (store_ts - f.begin_ts) // 1000  # any int, as the reference takes it
+    diff = 0 if seconds < 0 else MAX_TIME_DIFF if seconds > MAX_TIME_DIFF else seconds
+    at[0], at[1], at[2] = 0, f.count, 0
+    try:
+        while at[0] < nitems:
+            limit = (file.allocated - base) // INDEX_ENTRY_SIZE  # entries whose blocks exist
+            write_entries(file.mm, f.slot, f._dirty, f.slots, base, items, at,
+                          min(max_entries, limit), <int32_t>diff)
+            if at[0] == nitems:
+                break
+            end = at[1] + len(items[at[0]][0])
+            if end > max_entries:  # the file is full: the rest go to the next one
+                break
+            file.reserve(base + end * INDEX_ENTRY_SIZE)
+    finally:
+        if at[0]:
+            f.count = at[1]
+            f.slots_used += at[2]
+            f.end_ts = store_ts
+            f.end_phys = items[at[0] - 1][1]
+    return at[0]
+
+
+def index_put(object service, list items, object store_ts) -> None:
+    """The twin of :meth:`evq.backends.mmapfile.index_file.IndexService.put`: the put into
+    the last file here, whatever follows it (a new file, the next one built ahead) in
+    :meth:`~evq.backends.mmapfile.index_file.IndexService.put_rest`."""
+    cdef Py_ssize_t done
+    if not items:
+        return
+    files = service.files
+    if not files:
+        service.put(items, store_ts)
+        return
+    f = files[len(files) - 1]
+    done = file_put(f, items, store_ts)
+    if done < len(items) or f.count >= service._spare_at:
+        service.put_rest(f, items, done, store_ts)
