@@ -49,6 +49,9 @@ class FaultItem:
     broker: str
     latency_ms: int
     available_at_ms: int
+    """When the broker may be tried again: the report's time plus its band's skip, or 0 after a
+    healthy report (below the first skipped band), which skips the broker for no time and so
+    needs no clock read to record."""
 
 
 class LatencyFaultTolerance:
@@ -57,19 +60,31 @@ class LatencyFaultTolerance:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._items: dict[str, FaultItem] = {}
+        self._skipping: set[str] = set()
+        """Brokers whose last report skipped them: only these need the clock to tell whether
+        they are available, so a send to a healthy broker reads it neither when it picks the
+        queue nor when it reports."""
 
     def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
-        latency = FAILURE_LATENCY_MS if failed else latency_ms
-        until = self._clock.now_ms() + not_available_ms(latency)
         item = self._items.get(broker)
+        if failed or latency_ms >= FIRST_SKIPPED_MS:
+            latency = FAILURE_LATENCY_MS if failed else latency_ms
+            until = self._clock.now_ms() + not_available_ms(latency)
+            self._skipping.add(broker)
+        elif item is not None and broker not in self._skipping:
+            item.latency_ms = latency_ms  # every healthy send to a healthy broker: all it takes
+            return
+        else:  # healthy again, or for the first time: no band to look up, no skip to time
+            latency, until = latency_ms, 0
+            self._skipping.discard(broker)
         if item is None:
             self._items[broker] = FaultItem(broker, latency, until)
         else:  # every send reports: the broker's item is updated in place, not rebuilt
             item.latency_ms, item.available_at_ms = latency, until
 
     def is_available(self, broker: str) -> bool:
-        item = self._items.get(broker)
-        return item is None or self._clock.now_ms() >= item.available_at_ms
+        return (broker not in self._skipping
+                or self._clock.now_ms() >= self._items[broker].available_at_ms)
 
     def least_bad(self) -> str | None:
         """The broker that becomes available first (lowest latency on ties), when every
@@ -88,12 +103,13 @@ def select_queue(
     """Round-robin from ``start``: the first queue on an available broker other than the one
     that just failed; else the least bad broker's next queue; else any other broker's; else
     the queue at ``start`` (a single-broker cluster has nowhere else to go)."""
-    if not queues:
-        raise ValueError("no queue to select from")
     n = len(queues)
+    if not n:
+        raise ValueError("no queue to select from")
     first = queues[start % n]
-    if first.broker_name != last_failed and faults.is_available(first.broker_name):
-        return first  # the common case, decided without building the ring
+    name = first.broker_name
+    if name != last_failed and (name not in faults._skipping or faults.is_available(name)):
+        return first  # the common case, decided without a call or the ring
     ring = [queues[(start + i) % n] for i in range(n)]
     for q in ring:
         if q.broker_name != last_failed and faults.is_available(q.broker_name):

@@ -117,6 +117,11 @@ def order_queue(queues: Sequence[MessageQueue], key: str) -> MessageQueue:
     return queues[abs(java_hash(key)) % len(queues)]
 
 
+Publishing = tuple[TopicRoute, list[MessageQueue], dict[str, str | None]]
+"""A topic's route, its publish queues and the master address of each of their brokers (None
+for a broker the route names no master of): what a send looks up, once per route."""
+
+
 class Producer:
     """``await start()``, then ``await send(msg)``; ``await shutdown()`` at the end."""
 
@@ -144,9 +149,9 @@ class Producer:
         self._supervisor: Supervisor | None = None
         """Runs heartbeats and route refresh; sends raise once either failed for good."""
         self._greeted: set[str] = set()
-        self._publish: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
-        """Each topic's publish queues, worked out once per route (a refresh replaces the
-        route object, and the queues are worked out again on the next send)."""
+        self._publish: dict[str, Publishing] = {}
+        """Each topic's publish queues and their masters, worked out once per route (a refresh
+        replaces the route object, and they are worked out again on the next send)."""
 
     def handlers(self) -> Mapping[int, Handler]:
         """Requests brokers send this producer; :class:`TransactionProducer` answers
@@ -235,30 +240,23 @@ class Producer:
     async def publish_queues(self, topic: str) -> list[MessageQueue]:
         return list((await self._publishing(topic))[1])
 
-    def _published(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]] | None:
-        """The topic's route and publish queues when both are known and current: what a
-        send takes without awaiting anything."""
-        known = self._publish.get(topic)
-        routes = self._routes  # None once shut down: _publishing then says so
-        if known is None or routes is None or known[0] is not routes.cached(topic):
-            return None
-        return known
-
-    async def _publishing(self, topic: str) -> tuple[TopicRoute, list[MessageQueue]]:
-        """The topic's route (looked up when missing) and its publish queues, sorted once per
-        route."""
+    async def _publishing(self, topic: str) -> Publishing:
+        """The topic's route (looked up when missing), its publish queues, sorted, and the
+        master of each of their brokers: worked out once per route."""
         routes, _ = self._started()
         route = await routes.route(topic, fallback=True)
         known = self._publish.get(topic)
         if known is None or known[0] is not route:
-            known = self._publish[topic] = (route, route.publish_queues())
+            queues = route.publish_queues()
+            known = self._publish[topic] = (
+                route, queues, {q.broker_name: route.master(q.broker_name) for q in queues})
         return known
 
     # -- sending ------------------------------------------------------------------------------
 
     async def send(self, msg: Message) -> SendResult:
         self._prepare(msg)
-        return await self._send_with_retries(msg.topic, [msg], batch=False)
+        return await self._send(msg.topic, [msg], False)
 
     async def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         """One request for several messages of one topic; each keeps its own UNIQ_KEY."""
@@ -267,35 +265,35 @@ class Producer:
         if any(Prop.DELAY in m.properties for m in msgs):
             raise ClientError("a batch cannot carry delayed messages")
         self._prepare(*msgs)
-        return await self._send_with_retries(msgs[0].topic, list(msgs), batch=True)
+        return await self._send(msgs[0].topic, list(msgs), True)
 
     async def send_orderly(self, msg: Message, key: str,
                            selector: QueueSelector | None = None) -> SendResult:
         """To the queue of ``key`` (:func:`order_queue`, or the one ``selector`` picks from
         the publish queues), so that messages with one key are consumed in order."""
         self._prepare(msg)
-        route, queues = await self._publishing(msg.topic)
+        _, queues, _ = await self._publishing(msg.topic)
         queue = order_queue(queues, key) if selector is None else selector(queues, msg, key)
         if queue not in queues:
             raise ClientError(f"the selector picked {queue}, not a publish queue of "
                               f"{msg.topic!r}")
-        return await self._send_to(route, queue, [msg], batch=False)
+        return await self._send(msg.topic, [msg], False, queue)
 
     async def send_to_queue(self, msg: Message, queue_id: int) -> SendResult:
         """To queue ``queue_id`` of the topic's publish queues (in route order); no retry
         elsewhere, since the caller chose the queue."""
         self._prepare(msg)
-        route, publish = await self._publishing(msg.topic)
+        _, publish, _ = await self._publishing(msg.topic)
         queues = [q for q in publish if q.queue_id == queue_id]
         if not queues:
             raise ClientError(f"topic {msg.topic!r} has no writable queue {queue_id}")
-        return await self._send_to(route, queues[0], [msg], batch=False)
+        return await self._send(msg.topic, [msg], False, queues[0])
 
     async def send_oneway(self, msg: Message) -> None:
         """Fire and forget: no answer, no retry, no result."""
         self._prepare(msg)
         _, pool = self._started()
-        route, queues = await self._publishing(msg.topic)
+        route, queues, _ = await self._publishing(msg.topic)
         queue = select_queue(queues, next(self._counter), self._faults)
         cmd = send_command(self.group, queue, [msg], batch=False)
         await pool.client(self._master(route.master(queue.broker_name), queue)).invoke_oneway(cmd)
@@ -317,49 +315,63 @@ class Producer:
         for msg in msgs:
             msg.born_timestamp = now
 
-    async def _send_with_retries(self, topic: str, msgs: list[Message], *, batch: bool
-                                 ) -> SendResult:
+    async def _send(self, topic: str, msgs: list[Message], batch: bool,
+                    chosen: MessageQueue | None = None) -> SendResult:
+        """Send ``msgs`` (stamped) to a queue of ``topic`` picked round-robin past the brokers
+        being avoided, trying again elsewhere up to ``retries`` times; or to the ``chosen``
+        queue, once, its failure raised as it is (an orderly or queue-addressed send).
+
+        One coroutine for the retries and the attempt: a sync send's answer passes up through
+        every coroutine frame around the wait, and each was a dozen-odd bytecodes a send.  A
+        heartbeat that fails before the first send to a broker is retried like the send, but
+        is no report of the broker's latency: the fault table sees only the send itself."""
         last_failed: str | None = None
         cause: Exception | None = None
-        for attempt in range(1 + self.retries):
-            route, queues = self._published(topic) or await self._publishing(topic)
-            if not queues:
+        for attempt in range(1 if chosen is not None else 1 + self.retries):
+            known = self._publish.get(topic)
+            routes = self._routes  # None once shut down: _publishing then says so
+            if known is None or routes is None or known[0] is not routes.cached(topic):
+                known = await self._publishing(topic)
+            route, queues, masters = known
+            if chosen is not None:
+                queue = chosen
+            elif queues:
+                queue = select_queue(queues, next(self._counter), self._faults, last_failed)
+            else:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
-            queue = select_queue(queues, next(self._counter), self._faults, last_failed)
             try:
-                return await self._send_to(route, queue, msgs, batch=batch)
+                pool, addr = self._pool, masters.get(queue.broker_name)
+                if pool is None or addr is None or addr not in self._greeted:
+                    pool, addr = await self._greeted_master(route, queue)
+                make = (functools.partial(_batch_request, self.group, queue, msgs) if batch
+                        else functools.partial(send_request, self.group, queue, msgs[0]))
+                started = self._clock.monotonic()
+                try:
+                    conn = pool.opened(addr) or await pool.connect(addr)
+                    answer = await conn.send_made(make, self.send_timeout)
+                except TransportError:
+                    self._faults.update(queue.broker_name, 0, failed=True)
+                    raise
+                status = STATUS_OF_CODE.get(answer.code)
+                self._faults.update(queue.broker_name,
+                                    round((self._clock.monotonic() - started) * 1000),
+                                    failed=status is None)
+                if status is None:
+                    code = _SEND_BATCH if batch else _SEND
+                    raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
             except (TransportError, BrokerRefused) as exc:
-                if isinstance(exc, BrokerRefused) and exc.code not in RETRYABLE:
+                if chosen is not None or (isinstance(exc, BrokerRefused)
+                                          and exc.code not in RETRYABLE):
                     raise
                 log.warning("send failed", topic=topic, broker=queue.broker_name,
                             attempt=attempt, error=str(exc))
                 last_failed, cause = queue.broker_name, exc
+                continue
+            msg_id = (",".join(m.properties[Prop.UNIQ_KEY] for m in msgs) if batch
+                      else msgs[0].properties[Prop.UNIQ_KEY])
+            return send_result(status, msg_id, queue, answer.ext_fields)
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
-
-    async def _send_to(self, route: TopicRoute, queue: MessageQueue, msgs: list[Message], *,
-                       batch: bool) -> SendResult:
-        pool, addr = self._pool, route.master(queue.broker_name)
-        if pool is None or addr is None or addr not in self._greeted:
-            pool, addr = await self._greeted_master(route, queue)
-        make = (functools.partial(_batch_request, self.group, queue, msgs) if batch
-                else functools.partial(send_request, self.group, queue, msgs[0]))
-        started = self._clock.monotonic()
-        try:
-            conn = pool.opened(addr) or await pool.connect(addr)
-            answer = await conn.send_made(make, self.send_timeout)
-        except TransportError:
-            self._faults.update(queue.broker_name, 0, failed=True)
-            raise
-        status = STATUS_OF_CODE.get(answer.code)
-        self._faults.update(queue.broker_name, round((self._clock.monotonic() - started) * 1000),
-                            failed=status is None)
-        if status is None:
-            code = _SEND_BATCH if batch else _SEND
-            raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
-        msg_id = (msgs[0].properties[Prop.UNIQ_KEY] if len(msgs) == 1
-                  else ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs))
-        return send_result(status, msg_id, queue, answer.ext_fields)
 
     async def _greeted_master(self, route: TopicRoute, queue: MessageQueue
                               ) -> tuple[BrokerPool, str]:

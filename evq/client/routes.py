@@ -10,7 +10,7 @@ queues a broker, as the C++ client does), and the broker creates it on the first
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 import attrs
@@ -183,14 +183,14 @@ class Routes:
                          for h, p in parse_addresses(namesrv)]
         self._next = 0
         self._routes: dict[str, TopicRoute] = {}
+        self.cached: Callable[[str], TopicRoute | None] = self._routes.get
+        """The cached route of a topic, if any: what a send or pull checks first without
+        awaiting (the cache's own ``get``: every send asks, and a method around it was one
+        more Python frame each time)."""
 
     @property
     def topics(self) -> list[str]:
         return sorted(self._routes)
-
-    def cached(self, topic: str) -> TopicRoute | None:
-        """The cached route, if any: what a send or pull checks first without awaiting."""
-        return self._routes.get(topic)
 
     async def route(self, topic: str, *, fallback: bool = False) -> TopicRoute:
         """The cached route, looked up when missing; ``fallback`` lends TBW102's route to a

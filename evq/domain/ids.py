@@ -23,8 +23,11 @@ which no other thread can interleave with, so no lock is taken (one cost three t
 of a key)."""
 _HEX = [f"{n:02X}" for n in range(256)]  # a counter's two bytes: three times faster than format
 _prefix_cache: dict[str, str] = {}  # ip -> the key's first 12 hex digits (ip, pid, random)
-_NO_HEAD: tuple[int, str, str] = (-1, "", "")
-_last_head = _NO_HEAD  # (ms, ip, head) of the last key made: see _head
+_Head = tuple[int, str, str, str, int, int]
+"""The last key's head and what it was made of: (ms, ip, head, the ip's prefix, and the
+``[start, end)`` of its month in epoch ms)."""
+_NO_HEAD: _Head = (-1, "", "", "", 0, -1)
+_last_head = _NO_HEAD  # see _head
 
 
 def _forget_prefixes() -> None:
@@ -35,9 +38,6 @@ def _forget_prefixes() -> None:
 
 # A forked child gets prefixes of its own (its pid is in them): the caches start empty there.
 os.register_at_fork(after_in_child=_forget_prefixes)
-_month: tuple[int, int] = (0, -1)
-"""``[start, end)`` in epoch ms of the month of the last key: keys count ms since the month
-began, and working that out through ``datetime`` cost more than the rest of the key."""
 
 
 def _prefix(ip: str) -> str:
@@ -49,16 +49,13 @@ def _prefix(ip: str) -> str:
     return prefix
 
 
-def _month_start(now_ms: int) -> int:
-    global _month
-    start, end = _month  # one tuple: another thread may replace it, never half of it
-    if start <= now_ms < end:
-        return start
+def _month_of(now_ms: int) -> tuple[int, int]:
+    """``[start, end)`` in epoch ms of the (UTC) month holding ``now_ms``: keys count ms since
+    the month began."""
     first = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).replace(
         day=1, hour=0, minute=0, second=0, microsecond=0)
     following = (first + dt.timedelta(days=32)).replace(day=1)
-    _month = (int(first.timestamp() * 1000), int(following.timestamp() * 1000))
-    return _month[0]
+    return int(first.timestamp() * 1000), int(following.timestamp() * 1000)
 
 
 def new_uniq_key(now_ms: int, ip: str = "127.0.0.1") -> str:
@@ -81,12 +78,18 @@ def _counter_hex(n: int) -> str:
 
 def _head(now_ms: int, ip: str) -> str:
     """The 28 hex digits before the counter: the same for every key made in one millisecond,
-    and one producer makes dozens a millisecond, so the last is kept."""
+    and one producer makes dozens a millisecond, so the last is kept, and with it the prefix
+    and the month it was made of: a new millisecond formats only the time's eight digits
+    (working the month out through ``datetime`` cost more than the rest of a key)."""
     global _last_head
-    last_ms, last_ip, head = _last_head  # one tuple: another thread may replace it whole
+    # One tuple: another thread may replace it whole, never half of it.
+    last_ms, last_ip, head, prefix, start, end = _last_head
     if last_ms == now_ms and last_ip == ip:
         return head
-    # The prefix's hex is kept: only the time's eight digits are formatted a millisecond.
-    head = f"{_prefix(ip)}{(now_ms - _month_start(now_ms)) & 0xFFFFFFFF:08X}"
-    _last_head = (now_ms, ip, head)
+    if last_ip != ip or not prefix:  # (no prefix: the first key, or the first since a fork)
+        prefix = _prefix(ip)
+    if not start <= now_ms < end:
+        start, end = _month_of(now_ms)
+    head = f"{prefix}{(now_ms - start) & 0xFFFFFFFF:08X}"
+    _last_head = (now_ms, ip, head, prefix, start, end)
     return head

@@ -10,9 +10,11 @@ equals the one written.
 from __future__ import annotations
 
 import ipaddress
+import os
 import zlib
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import Protocol
 
 import attrs
 
@@ -166,7 +168,7 @@ class Message:
         return zlib.decompress(self.body) if self.sysflag & sf.COMPRESSED else self.body
 
 
-def new_message(
+def _new_message(
     topic: str,
     body: bytes,
     *,
@@ -176,7 +178,8 @@ def new_message(
     flag: int = 0,
     compress_over: int | None = COMPRESS_OVER,
 ) -> Message:
-    """A producer-side message: tags/keys folded into properties, large bodies compressed."""
+    """A producer-side message: tags/keys folded into properties, large bodies compressed.
+    Pure: the reference of the compiled twin (evq/domain/message_kernels.pyx)."""
     props = dict(properties) if properties else {}
     if tags:
         props[Prop.TAGS] = tags
@@ -189,3 +192,44 @@ def new_message(
     # Positional (topic, body, flag, properties, queue_id, sysflag): a producer makes one
     # per send, and the generated __init__ matches keywords at a quarter of its cost.
     return Message(topic, body, flag, props, 0, sysflag)
+
+
+# --- the compiled kernel -------------------------------------------------------------------
+
+PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
+"""Set (to anything but 0) to run pure Python even where the compiled kernels are built: every
+module with kernels (this one, :mod:`evq.domain.record`, :mod:`evq.net.protocol`, ...) reads
+it as it loads."""
+
+class NewMessage(Protocol):
+    """:func:`_new_message`'s signature, which its compiled twin shares."""
+
+    def __call__(self, topic: str, body: bytes, *, tags: str | None = None,
+                 keys: Iterable[str] | str | None = None,
+                 properties: Mapping[str, str] | None = None, flag: int = 0,
+                 compress_over: int | None = COMPRESS_OVER) -> Message: ...
+
+
+PURE_NEW_MESSAGE: NewMessage = _new_message
+
+
+def _compiled_new_message() -> NewMessage | None:
+    """The compiled ``new_message``, bound to :class:`Message`; None where it was not built or
+    :data:`PURE_PYTHON_VARIABLE` asks for pure Python."""
+    if os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0"):
+        return None
+    try:
+        from evq.domain import message_kernels
+    except ImportError:
+        return None
+    message_kernels.bind(message=Message, tags=Prop.TAGS, keys=Prop.KEYS,
+                         separator=KEY_SEPARATOR, compressed=sf.COMPRESSED,
+                         compress_over=COMPRESS_OVER)
+    compiled: NewMessage = message_kernels.new_message
+    return compiled
+
+
+COMPILED_NEW_MESSAGE = _compiled_new_message()
+"""The compiled ``new_message``, or None where it is not built or not wanted."""
+new_message: NewMessage = COMPILED_NEW_MESSAGE or PURE_NEW_MESSAGE
+"""A producer-side message (see :func:`_new_message`): the compiled twin where it is built."""

@@ -52,6 +52,7 @@ from evq.domain.checksum import crc32
 from evq.domain.hashing import index_key_hash, tags_code
 from evq.domain.message import (
     NO_HOST,
+    PURE_PYTHON_VARIABLE,
     Host,
     Message,
     Prop,
@@ -522,8 +523,6 @@ class Codec:
 
 PURE = Codec(decode, iter_records, decode_records, split_batch, pack_v4, read_fields,
              encode_batch, offset_msg_ids, valid_run)
-PURE_PYTHON_VARIABLE = "EVQ_PURE_PYTHON"
-"""Set (to anything but 0) to run the pure-Python codec even where the compiled one is built."""
 
 
 def _compiled_kernels() -> ModuleType | None:

@@ -80,6 +80,7 @@ import itertools
 import signal
 import ssl
 import threading
+import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from typing import Any, Final, TypeVar, cast
@@ -198,6 +199,10 @@ def split_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_future_set_result: Final = asyncio.Future.set_result
+"""The future's own ``set_result``, named once: ``super()`` costs a lookup per answer."""
+
+
 class Answer(asyncio.Future[RemotingCommand]):
     """The future a request's caller awaits: its answer wakes the caller at once.
 
@@ -236,7 +241,7 @@ class Answer(asyncio.Future[RemotingCommand]):
             self.set_result(response)
             return
         self._waker = None
-        super().set_result(response)
+        _future_set_result(self, response)
         waker[1].run(waker[0], self)
 
     # Every other way to finish wakes the task through the loop, ahead of any callback
@@ -244,7 +249,7 @@ class Answer(asyncio.Future[RemotingCommand]):
 
     def set_result(self, result: RemotingCommand) -> None:
         self._wake_later()
-        super().set_result(result)
+        _future_set_result(self, result)
 
     def set_exception(self, exception: type | BaseException) -> None:
         self._wake_later()
@@ -346,6 +351,15 @@ def _continue(coro: Coroutine[Any, Any, None], suspended_on: object
                 return
 
 
+def _loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """What reads ``loop``'s clock (the one its timers run by): :func:`time.monotonic` itself
+    where the loop's ``time`` is asyncio's own, which returns just that, so that a request's
+    deadline costs no Python frame on the stdlib loop; otherwise the loop's ``time``."""
+    if getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
 def _address(sockaddr: tuple[Any, ...] | None) -> str:
     return f"{sockaddr[0]}:{sockaddr[1]}" if sockaddr else "?"
 
@@ -413,7 +427,11 @@ class Connection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         # The loop, kept: asyncio.get_running_loop() asks the kernel for the pid on each call.
         self._loop = loop = asyncio.get_running_loop()
+        self._loop_time = _loop_clock(loop)
         self._closed = loop.create_future()
+        self.is_closed = False
+        """Whether the connection is gone (set as it goes, with ``_closed``): a plain value,
+        since a producer's every send asks its pool for the open connection."""
         self._pause_on_write = pause_on_write
         self._writing_paused = False
         self._write_waiters: list[asyncio.Future[None]] = []
@@ -428,10 +446,6 @@ class Connection(asyncio.BufferedProtocol):
         self.last_active = clock.monotonic()
 
     # -- state the owner looks at -------------------------------------------------------------
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed.done()
 
     @property
     def in_flight(self) -> int:
@@ -506,9 +520,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._credentials is not None:
             self._sign(cmd)
             frame = None
-        loop = self._loop
-        future = Answer(loop=loop)
-        deadline = loop.time() + timeout
+        future = Answer(loop=self._loop)
+        deadline = self._loop_time() + timeout
         self._pending[opaque] = (future, deadline, cmd, timeout)
         if deadline < self._expiry_at:
             self._expire_at(deadline)
@@ -535,7 +548,7 @@ class Connection(asyncio.BufferedProtocol):
     def _expire_due(self) -> None:
         """Fail the requests whose deadline has passed; re-arm for the earliest one left."""
         self._expiry, self._expiry_at = None, _NEVER
-        now = self._loop.time()
+        now = self._loop_time()
         earliest = _NEVER
         for future, deadline, cmd, timeout in self._pending.values():
             if future.done():
@@ -640,6 +653,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry, self._expiry_at = None, _NEVER
+        self.is_closed = True
         self._closed.set_result(None)
         self._wake_writers()
         for callback in self._close_callbacks:

@@ -75,3 +75,31 @@ def test_selection_avoids_bad_brokers_when_it_can(
 def test_round_robin_over_healthy_queues(queues: list[MessageQueue]) -> None:
     faults = LatencyFaultTolerance(ManualClock())
     assert [select_queue(queues, i, faults) for i in range(len(queues))] == queues
+
+
+reports = st.lists(st.tuples(st.integers(0, 700_000), brokers, st.integers(0, 20_000),
+                             st.booleans()), max_size=30)
+
+
+@given(reports, queue_sets, st.integers(0, 100), st.none() | brokers)
+def test_the_table_answers_as_the_clock_and_bands_say(
+    steps: list[tuple[int, str, int, bool]], queues: list[MessageQueue], start: int,
+    last_failed: str | None,
+) -> None:
+    """Healthy reports skip the clock, and availability still reads as seed 001 puts it: a
+    broker is available once the clock reaches its last report's time plus its band's skip."""
+    clock = ManualClock()
+    faults = LatencyFaultTolerance(clock)
+    back_at: dict[str, int] = {}
+    for advance_ms, broker, latency, failed in steps:
+        clock.advance(advance_ms / 1000)
+        faults.update(broker, latency, failed=failed)
+        back_at[broker] = clock.ms + not_available_ms(30_000 if failed else latency)
+        for b in ("b0", "b1", "b2"):
+            assert faults.is_available(b) == (b not in back_at or clock.ms >= back_at[b])
+    ring = [queues[(start + i) % len(queues)] for i in range(len(queues))]
+    usable = [q for q in ring if q.broker_name != last_failed
+              and (q.broker_name not in back_at or clock.ms >= back_at[q.broker_name])]
+    chosen = select_queue(queues, start, faults, last_failed)
+    if usable:
+        assert chosen == usable[0]

@@ -10,15 +10,20 @@ import zlib
 from collections.abc import Sequence
 
 import pytest
+from structlog.testing import capture_logs
 
-from evq.client.errors import ClientError, NotStarted, SendFailed
+from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullStatus
+from evq.client.routes import TopicRoute
+from evq.client.supervision import SupervisionPolicy, Supervisor
 from evq.domain import sysflag as sf
+from evq.domain.codes import ResponseCode
 from evq.domain.hashing import java_hash
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.queues import MessageQueue
+from evq.net.routes import QueueData
 from tests.client.conftest import Served
 from tests.client.inbox import routed_queues
 
@@ -202,3 +207,68 @@ async def test_a_dead_broker_fails_the_send_and_is_avoided(cluster: Served) -> N
         with pytest.raises(SendFailed, match="2 times"):
             await p.send(new_message("Dead", b"after"))
         assert not p.faults.is_available(r.queue.broker_name)
+
+
+# --- the send coroutine's paths, on a producer whose routes and pool are stand-ins ----------
+
+
+class _Routes:
+    def __init__(self, route: TopicRoute) -> None:
+        self.cached = {route.topic: route}.get
+
+    async def route(self, topic: str, *, fallback: bool = False) -> TopicRoute:
+        route = self.cached(topic)
+        assert route is not None
+        return route
+
+
+class _Pool:
+    """Refuses every heartbeat (as a broker would with ``code``), and records what is sent."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.sent = code, 0
+
+    async def call(self, addr: str, cmd: object, what: str) -> None:
+        raise BrokerRefused(self.code, "no", f"{what} at {addr}")
+
+    def opened(self, addr: str) -> None:
+        self.sent += 1
+        raise AssertionError("nothing is sent before the heartbeat")
+
+
+def _producer(route: TopicRoute, pool: _Pool) -> Producer:
+    p = Producer("PG", "127.0.0.1:1", retries=2)
+    p._routes, p._pool = _Routes(route), pool  # type: ignore[assignment]
+    p._supervisor = Supervisor("test", SupervisionPolicy())
+    return p
+
+
+_ROUTE = TopicRoute("T", {"b0": {0: "127.0.0.1:1"}, "b1": {0: "127.0.0.1:2"}},
+                    (QueueData("b0", 1, 1, 6), QueueData("b1", 1, 1, 6)))
+
+
+async def test_a_refused_heartbeat_is_retried_elsewhere_without_touching_the_fault_table(
+) -> None:
+    p = _producer(_ROUTE, _Pool(ResponseCode.SYSTEM_BUSY))
+    with capture_logs() as logs, pytest.raises(SendFailed, match="3 times"):
+        await p.send(new_message("T", b""))
+    failed = [e for e in logs if e["event"] == "send failed"]
+    assert [e["attempt"] for e in failed] == [0, 1, 2]
+    assert len({e["broker"] for e in failed[:2]}) == 2  # the next try went elsewhere
+    assert p.faults.least_bad() is None  # no report: a heartbeat is not a send
+
+
+async def test_a_refusal_not_retried_and_a_chosen_queue_fail_as_they_are() -> None:
+    p = _producer(_ROUTE, _Pool(ResponseCode.NO_PERMISSION + 1000))
+    with pytest.raises(BrokerRefused):
+        await p.send(new_message("T", b""))
+    p = _producer(_ROUTE, _Pool(ResponseCode.SYSTEM_BUSY))
+    with capture_logs() as logs, pytest.raises(BrokerRefused):
+        await p.send_to_queue(new_message("T", b""), 0)
+    assert logs == []
+
+
+async def test_a_topic_whose_brokers_have_no_master_fails_the_send() -> None:
+    route = TopicRoute("T", {"b0": {1: "127.0.0.1:1"}}, (QueueData("b0", 1, 1, 6),))
+    with pytest.raises(SendFailed, match="no writable queue"):
+        await _producer(route, _Pool(ResponseCode.SYSTEM_BUSY)).send(new_message("T", b""))
