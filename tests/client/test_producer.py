@@ -4,28 +4,31 @@ back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from evq.admin.operations import Admin
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.producer import Producer, SendStatus, delayed, deliver_at, order_queue
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullStatus
-from evq.client.routes import TopicRoute
-from evq.client.supervision import SupervisionPolicy, Supervisor
 from evq.domain import sysflag as sf
+from evq.domain import topics as tp
 from evq.domain.codes import ResponseCode
 from evq.domain.hashing import java_hash
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.queues import MessageQueue
-from evq.net.routes import QueueData
+from evq.net.transport import TransportError
 from tests.client.conftest import Served
 from tests.client.inbox import routed_queues
+from tests.processes import running_broker, running_namesrv
 
 
 async def read_all(namesrv: str, topic: str, group: str = "G-read") -> list[Message]:
@@ -209,66 +212,64 @@ async def test_a_dead_broker_fails_the_send_and_is_avoided(cluster: Served) -> N
         assert not p.faults.is_available(r.queue.broker_name)
 
 
-# --- the send coroutine's paths, on a producer whose routes and pool are stand-ins ----------
+# --- the send coroutine's paths that are not the healthy send, on real brokers ------------
 
 
-class _Routes:
-    def __init__(self, route: TopicRoute) -> None:
-        self.cached = {route.topic: route}.get
-
-    async def route(self, topic: str, *, fallback: bool = False) -> TopicRoute:
-        route = self.cached(topic)
-        assert route is not None
-        return route
-
-
-class _Pool:
-    """Refuses every heartbeat (as a broker would with ``code``), and records what is sent."""
-
-    def __init__(self, code: int) -> None:
-        self.code, self.sent = code, 0
-
-    async def call(self, addr: str, cmd: object, what: str) -> None:
-        raise BrokerRefused(self.code, "no", f"{what} at {addr}")
-
-    def opened(self, addr: str) -> None:
-        self.sent += 1
-        raise AssertionError("nothing is sent before the heartbeat")
-
-
-def _producer(route: TopicRoute, pool: _Pool) -> Producer:
-    p = Producer("PG", "127.0.0.1:1", retries=2)
-    p._routes, p._pool = _Routes(route), pool  # type: ignore[assignment]
-    p._supervisor = Supervisor("test", SupervisionPolicy())
-    return p
-
-
-_ROUTE = TopicRoute("T", {"b0": {0: "127.0.0.1:1"}, "b1": {0: "127.0.0.1:2"}},
-                    (QueueData("b0", 1, 1, 6), QueueData("b1", 1, 1, 6)))
-
-
-async def test_a_refused_heartbeat_is_retried_elsewhere_without_touching_the_fault_table(
+async def test_a_failed_heartbeat_is_retried_elsewhere_without_touching_the_fault_table(
+    tmp_path: Path,
 ) -> None:
-    p = _producer(_ROUTE, _Pool(ResponseCode.SYSTEM_BUSY))
-    with capture_logs() as logs, pytest.raises(SendFailed, match="3 times"):
-        await p.send(new_message("T", b""))
-    failed = [e for e in logs if e["event"] == "send failed"]
-    assert [e["attempt"] for e in failed] == [0, 1, 2]
-    assert len({e["broker"] for e in failed[:2]}) == 2  # the next try went elsewhere
-    assert p.faults.least_bad() is None  # no report: a heartbeat is not a send
+    """A broker that came up after the producer started (so was never greeted) dies while the
+    producer still holds its route: the heartbeat before the first send to it fails each time
+    and is retried, and no latency is reported (a heartbeat is no send)."""
+    with running_namesrv() as namesrv, contextlib.ExitStack() as stack:
+        async with Producer("PG", namesrv, retries=2, send_timeout=1.0) as p:
+            # (in a thread: it waits for the registration with a loop of its own)
+            broker = await asyncio.to_thread(
+                stack.enter_context, running_broker(namesrv, tmp_path / "data"))
+            assert await p.publish_queues("Greet")  # routed, as a send would be: not greeted
+            broker.proc.send_signal(signal.SIGKILL)
+            assert await asyncio.to_thread(broker.proc.wait, 30) == -signal.SIGKILL
+            with capture_logs() as logs, pytest.raises(SendFailed, match="3 times"):
+                await p.send(new_message("Greet", b"x"))  # on the route it knows
+    assert [e["attempt"] for e in logs if e["event"] == "send failed"] == [0, 1, 2]
+    assert p.faults.least_bad() is None
 
 
-async def test_a_refusal_not_retried_and_a_chosen_queue_fail_as_they_are() -> None:
-    p = _producer(_ROUTE, _Pool(ResponseCode.NO_PERMISSION + 1000))
-    with pytest.raises(BrokerRefused):
-        await p.send(new_message("T", b""))
-    p = _producer(_ROUTE, _Pool(ResponseCode.SYSTEM_BUSY))
-    with capture_logs() as logs, pytest.raises(BrokerRefused):
-        await p.send_to_queue(new_message("T", b""), 0)
-    assert logs == []
+async def test_a_chosen_queue_fails_once_and_as_it_is(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv, retries=2, send_timeout=1.0) as p:
+        await p.send_to_queue(new_message("Chosen", b"before"), 0)
+        cluster.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(cluster.proc.wait, 30) == 0
+        with capture_logs() as logs, pytest.raises(TransportError):
+            await p.send_to_queue(new_message("Chosen", b"after"), 0)
+    assert [e for e in logs if e["event"] == "send failed"] == []
 
 
-async def test_a_topic_whose_brokers_have_no_master_fails_the_send() -> None:
-    route = TopicRoute("T", {"b0": {1: "127.0.0.1:1"}}, (QueueData("b0", 1, 1, 6),))
-    with pytest.raises(SendFailed, match="no writable queue"):
-        await _producer(route, _Pool(ResponseCode.SYSTEM_BUSY)).send(new_message("T", b""))
+async def test_a_refusal_that_is_not_retried_fails_the_send_at_once(tmp_path: Path) -> None:
+    """MESSAGE_ILLEGAL (a body past the broker's maxMessageSize) is the message's fault, not
+    the broker's: no other broker is tried."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("maxMessageSize=1024\n")
+    with running_namesrv() as namesrv, contextlib.ExitStack() as stack:
+        broker = await asyncio.to_thread(
+            stack.enter_context, running_broker(namesrv, tmp_path / "data", "--config", str(conf)))
+        async with Producer("PG", namesrv, retries=2) as p:
+            with capture_logs() as logs, pytest.raises(BrokerRefused) as refused:
+                await p.send(new_message("Big", bytes(2048)))  # (not compressed)
+            assert (await p.send(new_message("Big", bytes(1024)))).status is SendStatus.SEND_OK
+        assert broker.stop() == 0
+    assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+    assert [e for e in logs if e["event"] == "send failed"] == []
+
+
+async def test_a_topic_without_a_writable_queue_fails_the_send(cluster: Served) -> None:
+    async with Producer("PG", cluster.namesrv, route_refresh_s=0.2) as p:
+        await p.send(new_message("ReadOnly", b"x"))
+        async with Admin(cluster.namesrv) as admin:
+            await admin.update_topic(tp.TopicConfig(topic_name="ReadOnly", perm=4),
+                                     broker=cluster.broker)
+        async with asyncio.timeout(10):  # until the broker's registration reaches the producer
+            while await p.publish_queues("ReadOnly"):
+                await asyncio.sleep(0.05)
+        with pytest.raises(SendFailed, match="no writable queue"):
+            await p.send(new_message("ReadOnly", b"y"))
