@@ -1,11 +1,13 @@
 """Builds the optional compiled kernels: the record codec's (evq/domain/record_kernels.pyx), the
 remoting frame's (evq/net/frame_kernels.pyx), the mmap store's append and index loops
-(evq/backends/mmapfile/store_kernels.pyx) and the broker's send lane
-(evq/net/broker/send_lane.pyx); pyproject.toml holds everything else.
+(evq/backends/mmapfile/store_kernels.pyx), the broker's send lane
+(evq/net/broker/send_lane.pyx) and the connection's read path (evq/net/read_path.pyx);
+pyproject.toml holds everything else.
 
 The extensions are optional: with no C compiler, or when compiling fails, the install still
 succeeds and evq runs the pure-Python code (evq.domain.record, evq.net.protocol,
-evq.backends.mmapfile.kernels and evq.net.broker.send choose at import time).
+evq.backends.mmapfile.kernels, evq.net.broker.send and evq.net.transport choose at import
+time).
 """
 
 from setuptools import Extension, setup
@@ -20,7 +22,8 @@ else:
          Extension("evq.net.frame_kernels", ["evq/net/frame_kernels.pyx"]),
          Extension("evq.backends.mmapfile.store_kernels",
                    ["evq/backends/mmapfile/store_kernels.pyx"]),
-         Extension("evq.net.broker.send_lane", ["evq/net/broker/send_lane.pyx"])],
+         Extension("evq.net.broker.send_lane", ["evq/net/broker/send_lane.pyx"]),
+         Extension("evq.net.read_path", ["evq/net/read_path.pyx"])],
         compiler_directives={"language_level": "3"}, quiet=True)
     for extension in extensions:
         extension.optional = True  # set after cythonize, which drops the flag
