@@ -83,7 +83,7 @@ import threading
 import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import attrs
 
@@ -91,6 +91,7 @@ from evq import logs
 from evq.acl.signature import signed_fields
 from evq.domain.clock import SYSTEM_CLOCK, Clock
 from evq.domain.codes import BrokerError, ResponseCode
+from evq.net import protocol
 from evq.net.listener import SniffingListener
 from evq.net.protocol import (
     MAX_FRAME,
@@ -389,14 +390,160 @@ def _read_buffer() -> memoryview:
     return view
 
 
-class Connection(asyncio.BufferedProtocol):
+class ReadPath:
+    """A connection's read path: bytes read, frames taken, handlers started within the
+    limits, their answers written at once where they answer at once.
+
+    Every request and every answer a connection receives runs this, so it has a compiled
+    twin, :mod:`evq.net.read_path` (about 330 bytecodes of the 820 the broker ran for a
+    send, issue 18); this one is its reference, and what runs where the twin is not built
+    or ``EVQ_PURE_PYTHON`` is set (:data:`COMPILED_READ_PATH`).  Both are a base of
+    :class:`Connection` and work on its state; the rare paths (a refusal, a response to a
+    pending request, a task for a handler that suspends, pausing and resuming reading) are
+    the connection's own methods, which both call.  tests/net/test_read_path.py holds the
+    twin to this class.
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the connection's state and methods this works with
+        _decoder: FrameDecoder
+        _dispatcher: Dispatcher
+        _clock: Clock
+        _transport: asyncio.Transport | None
+        _read_view: memoryview
+        _tasks: set[asyncio.Task[None]]
+        _held: int
+        _max_in_flight: int
+        _max_request_bytes: int
+        _stopped: bool
+        _reading: bool
+        _writing_paused: bool
+        _pause_on_write: bool
+        last_active: float
+
+        def _resolve(self, response: RemotingCommand) -> None: ...
+        def _refuse(self, exc: ProtocolError) -> None: ...
+        def _update_reading(self) -> None: ...
+        def _failed(self, exc: BaseException) -> None: ...
+        def _unencodable(self, cmd: RemotingCommand, exc: ProtocolError) -> bytes: ...
+        def _handle(self, cmd: RemotingCommand) -> Coroutine[Any, Any, None]: ...
+        def _finish(self, cmd: RemotingCommand, outcome: Awaitable[Reply]
+                    ) -> Coroutine[Any, Any, None]: ...
+        def _spawn(self, handling: Coroutine[Any, Any, None], cmd: RemotingCommand,
+                   size: int) -> None: ...
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # data_received's three lines rather than a call to it: one Python frame less a read.
+        # The slice is copied into the decoder and dropped on return: no export outlives it.
+        self.last_active = self._clock.monotonic()
+        self._decoder.feed(self._read_view[:nbytes])
+        self._pump()
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        self.last_active = self._clock.monotonic()
+        self._decoder.feed(data)
+        self._pump()
+
+    def _may_take(self) -> bool:
+        return (
+            not self._stopped
+            and not (self._writing_paused and self._pause_on_write)
+            and len(self._tasks) < self._max_in_flight
+            and self._held < self._max_request_bytes
+        )
+
+    def _pump(self) -> None:
+        """Decode and start what the limits allow; the rest waits in the decoder's buffer.
+        The limits are read once before the first frame and once after each, and reading
+        is paused or resumed only when that changes what the transport does."""
+        decoder = self._decoder
+        take = self._may_take()
+        try:
+            while take and (before := decoder.buffered):
+                if (cmd := decoder.next_command()) is None:
+                    break
+                if cmd.flag & RESPONSE_FLAG:  # cmd.is_response, without a call a frame
+                    self._resolve(cmd)
+                else:
+                    self._start(cmd, before - decoder.buffered)
+                take = self._may_take()
+        except ProtocolError as exc:
+            self._refuse(exc)
+            take = self._may_take()
+        if take != self._reading:
+            self._update_reading()
+
+    def _start(self, cmd: RemotingCommand, size: int) -> None:
+        """Run ``cmd``'s handler: in a task, or (eager dispatcher) at once, answering at once
+        when it does, with a task only for what is left when its coroutine suspends."""
+        if not self._dispatcher.eager:
+            self._spawn(self._handle(cmd), cmd, size)
+            return
+        handler = self._dispatcher.handler(cmd.code)
+        outcome: Awaitable[Reply] | Reply
+        try:
+            outcome = Dispatcher.unsupported(cmd) if handler is None else handler(self, cmd)
+        except Exception as exc:
+            outcome = Dispatcher.failed(self, cmd, exc)
+        if outcome is None or isinstance(outcome, _ANSWERS):
+            self._answer(cmd, outcome)  # type: ignore[arg-type]
+            return
+        handling = self._finish(cmd, outcome)
+        try:
+            suspended_on = handling.send(None)
+        except StopIteration:
+            return  # answered already: no task, nothing held
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self._spawn(_resumed(handling, suspended_on), cmd, size)
+
+    def _answer(self, cmd: RemotingCommand, response: Reply) -> None:
+        transport = self._transport
+        if (response is None or cmd.flag & ONEWAY_FLAG or transport is None
+                or transport.is_closing()):
+            return
+        try:
+            frame = response if isinstance(response, bytes) else response.encode()
+        except ProtocolError as exc:
+            frame = self._unencodable(cmd, exc)
+        transport.write(frame)  # as _write does, its checks made above
+        self.last_active = self._clock.monotonic()
+
+
+def _compiled_read_path() -> type[ReadPath] | None:
+    """The compiled read path, bound to this module; None where it was not built, or the frame
+    kernels are not built or not wanted (their switch, :data:`evq.net.protocol.COMPILED`)."""
+    if protocol.COMPILED is None:
+        return None
+    try:
+        from evq.net import read_path
+    except ImportError:
+        return None
+    read_path.bind(take_frame=protocol.take_frame, protocol_error=ProtocolError,
+                   answers=_ANSWERS, unsupported=Dispatcher.unsupported, failed=Dispatcher.failed,
+                   resumed=_resumed, response_flag=RESPONSE_FLAG, oneway_flag=ONEWAY_FLAG)
+    return cast(type[ReadPath], read_path.ReadPath)
+
+
+COMPILED_READ_PATH: Final = _compiled_read_path()
+"""The compiled read path, or None where it is not built or not wanted."""
+if TYPE_CHECKING:
+    _ConnectionBase = ReadPath
+else:
+    _ConnectionBase = COMPILED_READ_PATH or ReadPath
+
+
+class Connection(_ConnectionBase, asyncio.BufferedProtocol):
     """One TCP connection speaking remoting frames, either side.
 
     ``id`` is unique in the process; ``peer`` is the remote ``ip:port``, ``local`` this end's
     (the address a client reached: a broker bound to 0.0.0.0 learns its client-facing address
     here).  Close callbacks run once, when the connection is gone for whatever reason (the
     broker drops the client's channels there).  Reads land in the thread's shared buffer
-    (:func:`_read_buffer`) and are copied into the connection's frame decoder at once.
+    (:func:`_read_buffer`) and are copied into the connection's frame decoder at once; what
+    happens to them then is its base's, :class:`ReadPath` or the compiled twin.
     """
 
     def __init__(
@@ -619,18 +766,6 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read_view
 
-    def buffer_updated(self, nbytes: int) -> None:
-        # data_received's three lines rather than a call to it: one Python frame less a read.
-        # The slice is copied into the decoder and dropped on return: no export outlives it.
-        self.last_active = self._clock.monotonic()
-        self._decoder.feed(self._read_view[:nbytes])
-        self._pump()
-
-    def data_received(self, data: bytes | memoryview) -> None:
-        self.last_active = self._clock.monotonic()
-        self._decoder.feed(data)
-        self._pump()
-
     def pause_writing(self) -> None:
         self._writing_paused = True
         self._update_reading()
@@ -665,14 +800,6 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- incoming frames ----------------------------------------------------------------------
 
-    def _may_take(self) -> bool:
-        return (
-            not self._stopped
-            and not (self._writing_paused and self._pause_on_write)
-            and len(self._tasks) < self._max_in_flight
-            and self._held < self._max_request_bytes
-        )
-
     def _update_reading(self) -> None:
         transport = self._transport
         want = self._may_take()
@@ -683,52 +810,6 @@ class Connection(asyncio.BufferedProtocol):
             transport.resume_reading()
         else:
             transport.pause_reading()
-
-    def _pump(self) -> None:
-        """Decode and start what the limits allow; the rest waits in the decoder's buffer.
-        The limits are read once before the first frame and once after each, and reading
-        is paused or resumed only when that changes what the transport does."""
-        decoder = self._decoder
-        take = self._may_take()
-        try:
-            while take and (before := decoder.buffered):
-                if (cmd := decoder.next_command()) is None:
-                    break
-                if cmd.flag & RESPONSE_FLAG:  # cmd.is_response, without a call a frame
-                    self._resolve(cmd)
-                else:
-                    self._start(cmd, before - decoder.buffered)
-                take = self._may_take()
-        except ProtocolError as exc:
-            self._refuse(exc)
-            take = self._may_take()
-        if take != self._reading:
-            self._update_reading()
-
-    def _start(self, cmd: RemotingCommand, size: int) -> None:
-        """Run ``cmd``'s handler: in a task, or (eager dispatcher) at once, answering at once
-        when it does, with a task only for what is left when its coroutine suspends."""
-        if not self._dispatcher.eager:
-            self._spawn(self._handle(cmd), cmd, size)
-            return
-        handler = self._dispatcher.handler(cmd.code)
-        outcome: Awaitable[Reply] | Reply
-        try:
-            outcome = Dispatcher.unsupported(cmd) if handler is None else handler(self, cmd)
-        except Exception as exc:
-            outcome = Dispatcher.failed(self, cmd, exc)
-        if outcome is None or isinstance(outcome, _ANSWERS):
-            self._answer(cmd, outcome)  # type: ignore[arg-type]
-            return
-        handling = self._finish(cmd, outcome)
-        try:
-            suspended_on = handling.send(None)
-        except StopIteration:
-            return  # answered already: no task, nothing held
-        except Exception as exc:
-            self._failed(exc)
-            return
-        self._spawn(_resumed(handling, suspended_on), cmd, size)
 
     def _spawn(self, handling: Coroutine[Any, Any, None], cmd: RemotingCommand,
                size: int) -> None:
@@ -773,19 +854,10 @@ class Connection(asyncio.BufferedProtocol):
             response = Dispatcher.failed(self, cmd, exc)
         self._answer(cmd, response)
 
-    def _answer(self, cmd: RemotingCommand, response: Reply) -> None:
-        transport = self._transport
-        if (response is None or cmd.flag & ONEWAY_FLAG or transport is None
-                or transport.is_closing()):
-            return
-        try:
-            frame = response if isinstance(response, bytes) else response.encode()
-        except ProtocolError as exc:
-            log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
-            frame = cmd.response(ResponseCode.SYSTEM_ERROR,
-                                 f"response not encodable: {exc}").encode()
-        transport.write(frame)  # as _write does, its checks made above
-        self.last_active = self._clock.monotonic()
+    def _unencodable(self, cmd: RemotingCommand, exc: ProtocolError) -> bytes:
+        """The frame answering ``cmd`` whose handler's answer cannot be encoded."""
+        log.error("response cannot be encoded", conn=self.id, code=cmd.code, error=str(exc))
+        return cmd.response(ResponseCode.SYSTEM_ERROR, f"response not encodable: {exc}").encode()
 
     def _handled(self, size: int, task: asyncio.Task[None]) -> None:
         self._held -= size
