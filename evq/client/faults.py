@@ -107,9 +107,8 @@ def select_queue(
     if not n:
         raise ValueError("no queue to select from")
     first = queues[start % n]
-    name = first.broker_name
-    if name != last_failed and (name not in faults._skipping or faults.is_available(name)):
-        return first  # the common case, decided without a call or the ring
+    if first.broker_name != last_failed and faults.is_available(first.broker_name):
+        return first  # the common case, decided without building the ring
     ring = [queues[(start + i) % n] for i in range(n)]
     for q in ring:
         if q.broker_name != last_failed and faults.is_available(q.broker_name):
