@@ -421,9 +421,11 @@ def _add_bench_compare(bench: argparse._SubParsersAction[argparse.ArgumentParser
                    help="a producer stops after this long (default: 60)")
     p.add_argument("--no-redis", dest="redis", action="store_false",
                    help="measure evq alone")
-    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                   help="the event loop of evq's client processes (default: asyncio, as "
-                        "asyncio.run gives; redis-py's client is blocking)")
+    p.add_argument("--client", "--loop", choices=["asyncio", "uvloop", "blocking"],
+                   default="asyncio",
+                   help="evq's client in the worker processes: Producer / PullConsumer on "
+                        "asyncio's loop (the default, as asyncio.run gives) or uvloop, or "
+                        "blocking: SyncProducer / SyncPullConsumer, the shape of redis-py's")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="scratch directory for the servers' data (default: a temporary "
                         "directory), removed after")
@@ -438,14 +440,14 @@ def _cmd_bench_compare(args: argparse.Namespace) -> int:
     try:
         opts = CompareOptions(messages=args.messages, sync_messages=args.sync_messages,
                               batch=args.batch, runs=args.runs, max_seconds=args.max_seconds,
-                              data=args.data, redis=args.redis, loop=args.loop,
+                              data=args.data, redis=args.redis, client=args.client,
                               progress=not args.json and sys.stderr.isatty())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = run_compare(opts)
     words = [PROG, "bench", "compare", "--messages", str(args.messages), "--sync-messages",
              str(args.sync_messages), "--batch", str(args.batch), "--runs", str(args.runs),
-             "--max-seconds", f"{args.max_seconds:g}", "--loop", args.loop]
+             "--max-seconds", f"{args.max_seconds:g}", "--client", args.client]
     if not args.redis:
         words.append("--no-redis")
     return _print_bench(result, format_report, _rerun_line(words, args), args)

@@ -42,13 +42,18 @@ def _check_system(figures: dict[str, object], sync: int, batch: int) -> None:
         assert 0 < phase_figures["p50_us"] <= phase_figures["p99_us"], phase
 
 
-def test_bench_compare_evq_alone_says_why_redis_is_missing(tmp_path: Path) -> None:
-    out = _compare("--no-redis", "--loop", "uvloop", "--data", str(tmp_path))
+@pytest.mark.parametrize(("flags", "client", "named"), [
+    (("--loop", "uvloop"), "uvloop", "Producer / PullConsumer on uvloop"),  # (its old name)
+    (("--client", "blocking"), "blocking", "SyncProducer / SyncPullConsumer"),
+])
+def test_bench_compare_evq_alone_says_why_redis_is_missing(
+        tmp_path: Path, flags: tuple[str, str], client: str, named: str) -> None:
+    out = _compare("--no-redis", *flags, "--data", str(tmp_path))
     assert (out["messages"], out["sync_messages"], out["batch"], out["size"]) == (200, 50, 8, 1024)
     systems = out["systems"]
     assert isinstance(systems, dict) and sorted(systems) == ["evq"]
     _check_system(systems["evq"], 50, 200)
-    assert out["loop"] == "uvloop" and systems["evq"]["version"].endswith("on uvloop")
+    assert out["client"] == client and systems["evq"]["version"].endswith(named)
     assert out["ratios"] is None
     assert out["redis_note"] == "left out (--no-redis)"
     assert isinstance(out["rerun"], str) and "--no-redis" in out["rerun"]
@@ -64,7 +69,7 @@ def test_bench_compare_beside_redis_computes_the_ratios(tmp_path: Path) -> None:
     for name in ("evq", "redis"):
         _check_system(systems[name], 50, 200)
     assert out["redis_note"] is None
-    assert out["loop"] == "asyncio"
+    assert out["client"] == "asyncio"
     ratios, by_run = out["ratios"], out["rate_ratios_by_run"]
     assert isinstance(ratios, dict) and sorted(ratios) == sorted(PHASES)
     assert isinstance(by_run, dict) and sorted(by_run) == sorted(PHASES)

@@ -51,7 +51,7 @@ from evq.bench.broker_process import (
     stop_process,
 )
 from evq.bench.compare_workers import (
-    LOOPS,
+    CLIENTS,
     PAYLOAD_SIZE,
     REDIS_GROUP,
     TOPIC,
@@ -90,8 +90,9 @@ class CompareOptions:
     """A producer stops there; the consumer then reads what was sent."""
     data: Path | None = None
     redis: bool = True
-    loop: str = "asyncio"
-    """The event loop of evq's client process (Redis's client is blocking)."""
+    client: str = "asyncio"
+    """evq's client in the worker processes (:data:`~evq.bench.compare_workers.CLIENTS`);
+    Redis's is redis-py, blocking."""
     progress: bool = False
     """A bar on stderr, a step per phase (the CLI's, when stderr is a terminal)."""
 
@@ -101,10 +102,11 @@ class CompareOptions:
                 raise ValueError(f"{name} must be at least 1")
         if not self.max_seconds > 0:
             raise ValueError("max_seconds must be positive")
-        if self.loop not in LOOPS:
-            raise ValueError(f"unknown loop {self.loop!r}; choose one of: {', '.join(LOOPS)}")
-        if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-            raise ValueError("--loop uvloop: uvloop is not installed")
+        if self.client not in CLIENTS:
+            raise ValueError(f"unknown client {self.client!r}; choose one of: "
+                             f"{', '.join(CLIENTS)}")
+        if self.client == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("--client uvloop: uvloop is not installed")
 
     def messages_of(self, mode: str) -> int:
         return self.sync_messages if mode == "sync" else self.messages
@@ -165,7 +167,7 @@ class CompareResult:
         o = self.options
         return {
             "messages": o.messages, "sync_messages": o.sync_messages, "batch": o.batch,
-            "size": PAYLOAD_SIZE, "runs": o.runs, "max_seconds": o.max_seconds, "loop": o.loop,
+            "size": PAYLOAD_SIZE, "runs": o.runs, "max_seconds": o.max_seconds, "client": o.client,
             "systems": {name: {"version": s.version,
                                **{p: attrs.asdict(f) for p, f in s.phases.items()}}
                         for name, s in self.systems.items()},
@@ -228,7 +230,7 @@ def run_compare(opts: CompareOptions) -> CompareResult:
 async def _compare(opts: CompareOptions) -> CompareResult:
     note = redis_unavailable() if opts.redis else "left out (--no-redis)"
     systems: dict[str, tuple[str, ServerFactory]] = {
-        "evq": (evq_version(opts.loop), evq_server)}
+        "evq": (evq_version(opts.client), evq_server)}
     if note is None:
         systems["redis"] = (redis_version(), redis_server)
     runs: dict[str, dict[str, list[PhaseFigures]]] = {
@@ -267,7 +269,7 @@ async def _phase(server: Server, opts: CompareOptions, system: str, role: str, m
                  n: int) -> PhaseFigures:
     await server.process.settle(SETTLE_MAX_S)  # start-up work, the flusher's trail
     job = Job(system=system, role=role, mode=mode, n=n, batch=opts.batch,
-              address=server.address, max_seconds=opts.max_seconds, loop=opts.loop)
+              address=server.address, max_seconds=opts.max_seconds, client=opts.client)
     before = server.process.cpu_seconds
     outcome = await _run_worker(job)
     after = server.process.cpu_seconds
@@ -440,15 +442,17 @@ def redis_version() -> str:
             f"redis-py {redis.__version__}")
 
 
-def evq_version(loop: str) -> str:
+def evq_version(client: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         ours = version("evq")
     except PackageNotFoundError:
         ours = "?"
+    if client == "blocking":
+        return f"evq {ours} serve, mmap ASYNC_FLUSH; evq.client SyncProducer / SyncPullConsumer"
     return (f"evq {ours} serve, mmap ASYNC_FLUSH; evq.client Producer / PullConsumer on "
-            f"{loop}")
+            f"{client}")
 
 
 # -- the report ---------------------------------------------------------------------------------

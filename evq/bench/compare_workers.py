@@ -47,7 +47,10 @@ PAYLOAD_SIZE: Final = 1024
 SEQ_BYTES: Final = 8
 DEADLINE_CHECK_EVERY: Final = 1024
 REDIS_BLOCK_MS: Final = 1000
-LOOPS: Final = ("asyncio", "uvloop")
+CLIENTS: Final = ("asyncio", "uvloop", "blocking")
+"""evq's client in a worker: the asyncio one on the standard library's loop (as ``asyncio.run``
+gives) or on uvloop, or the blocking one (``SyncProducer`` / ``SyncPullConsumer``), the shape
+of redis-py's."""
 
 
 @attrs.frozen(kw_only=True)
@@ -75,9 +78,8 @@ class Job:
     address: str
     """evq: the name server ``host:port``; Redis: the server's ``host:port``."""
     max_seconds: float
-    loop: str = "asyncio"
-    """The event loop evq's client runs on: ``asyncio`` (the standard library's, as
-    ``asyncio.run`` gives) or ``uvloop``."""
+    client: str = "asyncio"
+    """evq's client (:data:`CLIENTS`)."""
 
 
 def payloads(n: int) -> Iterator[bytes]:
@@ -204,6 +206,55 @@ async def evq_consume(job: Job) -> Outcome:
         return timer.outcome(checker.count, checker, job.n)
 
 
+def evq_produce_blocking(job: Job) -> Outcome:
+    """:func:`evq_produce` with :class:`~evq.client.blocking.SyncProducer`."""
+    from evq.client.blocking import SyncProducer
+    from evq.domain.message import new_message
+
+    timer = Timer(job.max_seconds)
+    done = 0
+    with SyncProducer(PRODUCER_GROUP, job.address) as producer:
+        producer.publish_queues(TOPIC)  # the route, looked up before the timing
+        timer.start()
+        if job.mode == "sync":
+            for body in payloads(job.n):
+                producer.send(new_message(TOPIC, body))
+                timer.step()
+                done += 1
+                if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
+                    break
+        else:
+            for chunk in chunks(payloads(job.n), job.batch):
+                producer.send_batch([new_message(TOPIC, body) for body in chunk])
+                timer.step()
+                done += len(chunk)
+                if timer.expired():
+                    break
+        return timer.outcome(done)
+
+
+def evq_consume_blocking(job: Job) -> Outcome:
+    """:func:`evq_consume` with :class:`~evq.client.blocking.SyncPullConsumer`."""
+    from evq.client.blocking import SyncPullConsumer
+
+    timer = Timer(job.max_seconds)
+    checker = Checker()
+    max_nums = 1 if job.mode == "sync" else job.batch
+    with SyncPullConsumer(CONSUMER_GROUP, job.address) as consumer:
+        queues = consumer.queues(TOPIC)
+        consumer.assign(queues)
+        for queue in queues:
+            consumer.seek_to_begin(queue)
+        timer.start()
+        while checker.count < job.n and not timer.expired():
+            for queue in queues:
+                for msg in consumer.poll(queue, max_nums).messages:
+                    checker.add(msg.payload())
+                timer.step()
+        consumer.commit()
+        return timer.outcome(checker.count, checker, job.n)
+
+
 # -- Redis Streams ------------------------------------------------------------------------------
 
 
@@ -266,9 +317,11 @@ def redis_consume(job: Job) -> Outcome:
 
 
 def run(job: Job) -> Outcome:
+    if job.system == "evq" and job.client == "blocking":
+        return evq_produce_blocking(job) if job.role == "produce" else evq_consume_blocking(job)
     if job.system == "evq":
         work = evq_produce(job) if job.role == "produce" else evq_consume(job)
-        if job.loop == "uvloop":
+        if job.client == "uvloop":
             import uvloop
 
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -281,7 +334,7 @@ def command_args(job: Job) -> list[str]:
     """The arguments :func:`main` parses back into ``job``."""
     return [job.system, job.role, "--mode", job.mode, "--n", str(job.n), "--batch",
             str(job.batch), "--address", job.address, "--max-seconds", f"{job.max_seconds:g}",
-            "--loop", job.loop]
+            "--client", job.client]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,12 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--max-seconds", type=float, required=True)
-    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument("--client", choices=CLIENTS, default="asyncio")
     args = parser.parse_args(argv)
     logs.configure("warning")
     outcome = run(Job(system=args.system, role=args.role, mode=args.mode, n=args.n,
                       batch=args.batch, address=args.address, max_seconds=args.max_seconds,
-                      loop=args.loop))
+                      client=args.client))
     print(json.dumps(attrs.asdict(outcome)), flush=True)  # the result line the parent reads
     return 0
 

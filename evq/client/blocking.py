@@ -2,9 +2,13 @@
 
 A script that is not async calls ``SyncProducer(...).send(msg)``; each call runs the
 coroutine on the wrapper's own loop and blocks until it finishes, so the client has one
-implementation and the wrapper only carries calls across the thread boundary.  The consumers'
-background work (heartbeats, rebalancing, auto-commit, a push consumer's pulls) runs on that
-loop between calls; a push consumer's plain-function listener runs in worker threads.
+implementation and the wrapper only carries calls across the thread boundary.  The one
+exception is the producer's plain send, the call scripts make most: it is made on the
+caller's thread when the loop has already worked out where it goes
+(:meth:`Producer.send_now`), since crossing to the loop and back cost more than the send.
+The consumers' background work (heartbeats, rebalancing, auto-commit, a push consumer's
+pulls) runs on that loop between calls; a push consumer's plain-function listener runs in
+worker threads.
 
 :meth:`SyncProducer.send_async` is RocketMQ's ``send(msg, SendCallback)`` for such scripts: it
 returns a :class:`concurrent.futures.Future` at once, and ``add_done_callback`` on it plays the
@@ -21,6 +25,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from evq.client.consumer import ConsumeResult, PushConsumer
+from evq.client.direct import BlockingLines
 from evq.client.producer import Producer, QueueSelector, SendResult
 from evq.client.pull_consumer import PullConsumer
 from evq.client.pulling import PullResult
@@ -59,24 +64,46 @@ class LoopThread:
 
 
 class SyncProducer:
-    """:class:`Producer` for synchronous code; started on construction."""
+    """:class:`Producer` for synchronous code; started on construction.
+
+    :meth:`send` is made on the caller's thread over a blocking connection of its own
+    (:mod:`evq.client.direct`) whenever the loop already knows the topic's route and has
+    greeted its broker; the loop's thread makes the rest, retries included.  Any number of
+    threads may send at once."""
 
     def __init__(self, group: str, namesrv: str, **options: Any) -> None:
         self._thread = LoopThread()
         self._producer = self._new(group, namesrv, **options)
+        self._lines = BlockingLines(self._producer.send_timeout, self._producer.security)
         self._thread.run(self._producer.start())
 
     def _new(self, group: str, namesrv: str, **options: Any) -> Producer:
         return Producer(group, namesrv, **options)
 
+    @property
+    def direct_sends(self) -> int:
+        """Sends made on the callers' threads and answered (the loop's thread made the rest)."""
+        return self._lines.answered
+
+    def lines(self, addr: str) -> int:
+        """Blocking connections open to the broker at ``addr``."""
+        return self._lines.lines(addr)
+
     def send(self, msg: Message) -> SendResult:
-        return self._thread.run(self._producer.send(msg))
+        sent = self._producer.send_now(msg, self._lines)
+        if isinstance(sent, SendResult):
+            return sent
+        return self._thread.run(self._producer.send_after(msg, sent))
 
     def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
         """Send without waiting: the future holds the :class:`SendResult` or the exception
         :meth:`send` would have raised.  Callbacks added to it run in the client's loop
         thread, between its network work, so they must not block."""
         return self._thread.submit(self._producer.send(msg))
+
+    def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues a send to ``topic`` may go to (its route, looked up when missing)."""
+        return self._thread.run(self._producer.publish_queues(topic))
 
     def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         return self._thread.run(self._producer.send_batch(msgs))
@@ -92,6 +119,7 @@ class SyncProducer:
         self._thread.run(self._producer.send_oneway(msg))
 
     def shutdown(self) -> None:
+        self._lines.close()
         self._thread.run(self._producer.shutdown())
         self._thread.stop()
 

@@ -55,7 +55,13 @@ class FaultItem:
 
 
 class LatencyFaultTolerance:
-    """The per-broker table; a broker never reported is available."""
+    """The per-broker table; a broker never reported is available.
+
+    A :class:`~evq.client.blocking.SyncProducer` reports its direct sends from its callers'
+    threads while its loop's thread reports the rest, so an update writes a broker's item
+    before it puts the broker in the skipped set: a reader on another thread never finds a
+    skipped broker without its item.  Two reports racing leave one of them, as RocketMQ's
+    table does."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -67,20 +73,23 @@ class LatencyFaultTolerance:
 
     def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
         item = self._items.get(broker)
-        if failed or latency_ms >= FIRST_SKIPPED_MS:
+        skipped = failed or latency_ms >= FIRST_SKIPPED_MS
+        if skipped:
             latency = FAILURE_LATENCY_MS if failed else latency_ms
             until = self._clock.now_ms() + not_available_ms(latency)
-            self._skipping.add(broker)
         elif item is not None and broker not in self._skipping:
             item.latency_ms = latency_ms  # every healthy send to a healthy broker: all it takes
             return
         else:  # healthy again, or for the first time: no band to look up, no skip to time
             latency, until = latency_ms, 0
-            self._skipping.discard(broker)
         if item is None:
             self._items[broker] = FaultItem(broker, latency, until)
         else:  # every send reports: the broker's item is updated in place, not rebuilt
             item.latency_ms, item.available_at_ms = latency, until
+        if skipped:  # after the item (see the class)
+            self._skipping.add(broker)
+        else:
+            self._skipping.discard(broker)
 
     def is_available(self, broker: str) -> bool:
         return (broker not in self._skipping

@@ -28,6 +28,7 @@ from typing import Final
 import attrs
 
 from evq import logs
+from evq.client.direct import BlockingLines
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
@@ -122,8 +123,24 @@ Publishing = tuple[TopicRoute, list[MessageQueue], dict[str, str | None]]
 for a broker the route names no master of): what a send looks up, once per route."""
 
 
+@attrs.frozen(slots=True)
+class Attempts:
+    """What a send tried before the loop took it over (:meth:`Producer.send_now`)."""
+
+    tried: int = 0
+    last_failed: str | None = None
+    """The broker of the last failed attempt, which the next one avoids."""
+    cause: Exception | None = None
+
+
+NOT_TRIED: Final = Attempts()
+
+
 class Producer:
-    """``await start()``, then ``await send(msg)``; ``await shutdown()`` at the end."""
+    """``await start()``, then ``await send(msg)``; ``await shutdown()`` at the end.
+
+    Runs on its event loop, but for :meth:`send_now`, which a synchronous caller runs on its
+    own thread."""
 
     def __init__(self, group: str, namesrv: str, *, retries: int = 2,
                  send_timeout: float = SEND_TIMEOUT_S, route_refresh_s: float = REFRESH_S,
@@ -315,19 +332,63 @@ class Producer:
         for msg in msgs:
             msg.born_timestamp = now
 
+    def send_now(self, msg: Message, lines: BlockingLines) -> SendResult | Attempts:
+        """The first attempt of :meth:`send` made on the calling thread over one of
+        ``lines``, for a caller that may block (:class:`~evq.client.blocking.SyncProducer`):
+        the result, or the :class:`Attempts` :meth:`send_after` goes on from on the loop.
+
+        Only a send whose topic's route and broker greeting the loop has already worked out
+        is tried here (and only while ``lines`` has a line to spare); the rest is
+        :data:`NOT_TRIED`.  So this reads the loop's state (a route, a set, a dict: each read
+        in one step) and writes only the fault table, which is safe to share
+        (:class:`LatencyFaultTolerance`), and the round-robin counter (a C iterator)."""
+        self._prepare(msg)
+        topic = msg.topic
+        known = self._publish.get(topic)
+        routes = self._routes
+        if known is None or routes is None or known[0] is not routes.cached(topic) \
+                or not known[1]:
+            return NOT_TRIED
+        _, queues, masters = known
+        queue = select_queue(queues, next(self._counter), self._faults)
+        addr = masters.get(queue.broker_name)
+        if addr is None or addr not in self._greeted:
+            return NOT_TRIED
+        started = self._clock.monotonic()
+        try:
+            try:
+                answer = lines.request(addr, functools.partial(send_request, self.group, queue,
+                                                               msg))
+            except TransportError:
+                self._faults.update(queue.broker_name, 0, failed=True)
+                raise
+            if answer is None:
+                return NOT_TRIED
+            status = self._answered(queue, answer, started, False, addr)
+        except (TransportError, BrokerRefused) as exc:
+            if not self._may_retry(exc, None, topic, queue, 0):
+                raise
+            return Attempts(1, queue.broker_name, exc)
+        return send_result(status, msg.properties[Prop.UNIQ_KEY], queue, answer.ext_fields)
+
+    async def send_after(self, msg: Message, attempts: Attempts) -> SendResult:
+        """:meth:`send` of ``msg`` after :meth:`send_now` made ``attempts`` of it."""
+        return await self._send(msg.topic, [msg], False, after=attempts)
+
     async def _send(self, topic: str, msgs: list[Message], batch: bool,
-                    chosen: MessageQueue | None = None) -> SendResult:
+                    chosen: MessageQueue | None = None, after: Attempts = NOT_TRIED
+                    ) -> SendResult:
         """Send ``msgs`` (stamped) to a queue of ``topic`` picked round-robin past the brokers
         being avoided, trying again elsewhere up to ``retries`` times; or to the ``chosen``
         queue, once, its failure raised as it is (an orderly or queue-addressed send).
+        ``after`` is what :meth:`send_now` tried already.
 
         One coroutine for the retries and the attempt: a sync send's answer passes up through
         every coroutine frame around the wait, and each was a dozen-odd bytecodes a send.  A
         heartbeat that fails before the first send to a broker is retried like the send, but
         is no report of the broker's latency: the fault table sees only the send itself."""
-        last_failed: str | None = None
-        cause: Exception | None = None
-        for attempt in range(1 if chosen is not None else 1 + self.retries):
+        last_failed, cause = after.last_failed, after.cause
+        for attempt in range(after.tried, 1 if chosen is not None else 1 + self.retries):
             known = self._publish.get(topic)
             routes = self._routes  # None once shut down: _publishing then says so
             if known is None or routes is None or known[0] is not routes.cached(topic):
@@ -352,19 +413,10 @@ class Producer:
                 except TransportError:
                     self._faults.update(queue.broker_name, 0, failed=True)
                     raise
-                status = STATUS_OF_CODE.get(answer.code)
-                self._faults.update(queue.broker_name,
-                                    round((self._clock.monotonic() - started) * 1000),
-                                    failed=status is None)
-                if status is None:
-                    code = _SEND_BATCH if batch else _SEND
-                    raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
+                status = self._answered(queue, answer, started, batch, addr)
             except (TransportError, BrokerRefused) as exc:
-                if chosen is not None or (isinstance(exc, BrokerRefused)
-                                          and exc.code not in RETRYABLE):
+                if not self._may_retry(exc, chosen, topic, queue, attempt):
                     raise
-                log.warning("send failed", topic=topic, broker=queue.broker_name,
-                            attempt=attempt, error=str(exc))
                 last_failed, cause = queue.broker_name, exc
                 continue
             msg_id = (",".join(m.properties[Prop.UNIQ_KEY] for m in msgs) if batch
@@ -372,6 +424,31 @@ class Producer:
             return send_result(status, msg_id, queue, answer.ext_fields)
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
+
+    def _answered(self, queue: MessageQueue, answer: RemotingCommand, started: float,
+                  batch: bool, addr: str) -> SendStatus:
+        """The status of the broker's ``answer`` to a send to ``queue`` begun at ``started``
+        (reported to the fault table with its latency); :class:`BrokerRefused` when the
+        broker did not store it."""
+        status = STATUS_OF_CODE.get(answer.code)
+        self._faults.update(queue.broker_name,
+                            round((self._clock.monotonic() - started) * 1000),
+                            failed=status is None)
+        if status is None:
+            code = _SEND_BATCH if batch else _SEND
+            raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
+        return status
+
+    @staticmethod
+    def _may_retry(exc: TransportError | BrokerRefused, chosen: MessageQueue | None,
+                   topic: str, queue: MessageQueue, attempt: int) -> bool:
+        """Whether a send that failed with ``exc`` may be tried again elsewhere: not to a
+        queue the caller chose, nor after a refusal retrying cannot mend."""
+        if chosen is not None or (isinstance(exc, BrokerRefused) and exc.code not in RETRYABLE):
+            return False
+        log.warning("send failed", topic=topic, broker=queue.broker_name, attempt=attempt,
+                    error=str(exc))
+        return True
 
     async def _greeted_master(self, route: TopicRoute, queue: MessageQueue
                               ) -> tuple[BrokerPool, str]:

@@ -19,6 +19,7 @@ import pytest
 
 from evq.acl.signature import Credentials
 from evq.admin.operations import Admin
+from evq.client.blocking import SyncProducer
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
 from evq.client.errors import ClientError
 from evq.client.offsets import max_offset
@@ -148,6 +149,25 @@ def test_clients_with_credentials_work_and_without_are_refused(cluster: Secured)
                 await done.wait()
 
     run(main())
+
+
+def test_a_sync_producers_sends_on_its_callers_thread_are_signed(cluster: Secured) -> None:
+    """The broker refuses unsigned sends (above): those a SyncProducer makes on its caller's
+    thread, over a connection of their own, carry the signature the loop's sends do."""
+    async def topic() -> None:
+        async with Admin(cluster.namesrv, security=signed(ADMIN)) as admin:
+            await admin.update_topic(tp.TopicConfig(topic_name="SecuredSync"),
+                                     broker=cluster.master.addresses["broker"])
+            async with asyncio.timeout(WAIT_S):  # waits for the master to register the topic
+                while "SecuredSync" not in await admin.topic_list():
+                    await asyncio.sleep(0.05)
+
+    run(topic())
+    with SyncProducer("SecuredSync", cluster.namesrv, security=signed(USER)) as p:
+        sent = [p.send(new_message("SecuredSync", b"s%d" % i)) for i in range(10)]
+        assert p.direct_sends == 9
+    assert {r.status for r in sent} == {SendStatus.SEND_OK}
+    assert len({r.offset_msg_id for r in sent}) == 10
 
 
 def test_the_commands_take_credentials_from_the_environment(cluster: Secured) -> None:

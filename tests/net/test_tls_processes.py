@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from evq.client.blocking import SyncProducer
+from evq.client.producer import SendStatus
 from evq.domain.codes import ResponseCode
+from evq.domain.message import new_message
 from evq.domain.record import iter_records
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
@@ -114,6 +117,11 @@ def test_an_enforcing_cluster_speaks_only_tls(tmp_path: Path, pki: Pki) -> None:
                          "--tls-enable", "--tls-client-ca", pki.ca, servers=1) as broker:
             addr = broker.addresses["broker"]
             run(_enforcing_cluster(namesrv, addr, security(pki)))
+            with SyncProducer("TlsSync", namesrv, security=security(pki)) as p:
+                sent = [p.send(new_message("T", b"tls %d" % i)) for i in range(5)]
+                assert {r.status for r in sent} == {SendStatus.SEND_OK}
+                # On the callers' thread, over a blocking TLS connection of its own.
+                assert p.direct_sends == 4 and p.lines(addr) == 1
             assert broker.stop() == 0
 
 
