@@ -36,6 +36,8 @@ from evq import logs
 if TYPE_CHECKING:
     import redis
 
+    from evq.domain.queues import MessageQueue
+
 TOPIC: Final = "bench"
 """The evq topic and the Redis stream."""
 REDIS_GROUP: Final = "bench"
@@ -122,6 +124,8 @@ class Timer:
         self._wall = self._last = time.perf_counter()
         self._cpu = time.process_time()
         self._steps = array("d")
+        self.done = 0
+        """Messages a producer sent (:func:`requests` counts them)."""
 
     def start(self) -> None:
         self._wall = self._last = time.perf_counter()
@@ -135,7 +139,10 @@ class Timer:
     def expired(self) -> bool:
         return time.perf_counter() - self._wall > self.max_seconds
 
-    def outcome(self, done: int, checker: Checker | None = None, n: int = 0) -> Outcome:
+    def outcome(self, checker: Checker | None = None, n: int = 0) -> Outcome:
+        """The phase's figures: a producer's :attr:`done`, or what ``checker`` read of
+        ``n``."""
+        done = self.done if checker is None else checker.count
         seconds = time.perf_counter() - self._wall
         cpu = time.process_time() - self._cpu
         steps = sorted(self._steps) or [0.0]
@@ -156,6 +163,37 @@ def chunks(bodies: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
         yield chunk
 
 
+def requests(job: Job, timer: Timer) -> Iterator[list[bytes]]:
+    """The bodies of a producer's requests over its timed phase, a list a request (one body
+    in ``sync`` mode, up to ``job.batch`` in ``batch``): the timer starts at the first and
+    takes a step as each next one is asked for (the one before answered); the phase ends at
+    ``job.max_seconds``, checked each batch and every :data:`DEADLINE_CHECK_EVERY` single
+    sends.  Every system's producer loops over it, so they pay for the same loop."""
+    size = 1 if job.mode == "sync" else job.batch
+    every = DEADLINE_CHECK_EVERY if size == 1 else 1
+    done = 0
+    timer.start()
+    for i, chunk in enumerate(chunks(payloads(job.n), size), 1):
+        yield chunk
+        timer.step()
+        done += len(chunk)
+        timer.done = done
+        if i % every == 0 and timer.expired():
+            break
+
+
+def polls(job: Job, timer: Timer, checker: Checker, queues: list[MessageQueue]
+          ) -> Iterator[MessageQueue]:
+    """The queue of each of an evq consumer's polls over its timed phase, round the queues
+    until the checker has all ``job.n`` or time is up; a step as each next one is asked for
+    (the poll before read and checked)."""
+    timer.start()
+    while checker.count < job.n and not timer.expired():
+        for queue in queues:
+            yield queue
+            timer.step()
+
+
 # -- evq --------------------------------------------------------------------------------------
 
 
@@ -164,46 +202,31 @@ async def evq_produce(job: Job) -> Outcome:
     from evq.domain.message import new_message
 
     timer = Timer(job.max_seconds)
-    done = 0
     async with Producer(PRODUCER_GROUP, job.address) as producer:
         await producer.publish_queues(TOPIC)  # the route, looked up before the timing
-        timer.start()
-        if job.mode == "sync":
-            for body in payloads(job.n):
-                await producer.send(new_message(TOPIC, body))
-                timer.step()
-                done += 1
-                if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
-                    break
-        else:
-            for chunk in chunks(payloads(job.n), job.batch):
-                await producer.send_batch([new_message(TOPIC, body) for body in chunk])
-                timer.step()
-                done += len(chunk)
-                if timer.expired():
-                    break
-        return timer.outcome(done)
+        for bodies in requests(job, timer):
+            if job.mode == "sync":
+                await producer.send(new_message(TOPIC, bodies[0]))
+            else:
+                await producer.send_batch([new_message(TOPIC, body) for body in bodies])
+        return timer.outcome()
 
 
 async def evq_consume(job: Job) -> Outcome:
     from evq.client.pull_consumer import PullConsumer
 
-    timer = Timer(job.max_seconds)
-    checker = Checker()
+    timer, checker = Timer(job.max_seconds), Checker()
     max_nums = 1 if job.mode == "sync" else job.batch
     async with PullConsumer(CONSUMER_GROUP, job.address) as consumer:
         queues = await consumer.queues(TOPIC)
         await consumer.assign(queues)
         for queue in queues:
             await consumer.seek_to_begin(queue)
-        timer.start()
-        while checker.count < job.n and not timer.expired():
-            for queue in queues:
-                for msg in (await consumer.poll(queue, max_nums)).messages:
-                    checker.add(msg.payload())
-                timer.step()
+        for queue in polls(job, timer, checker, queues):
+            for msg in (await consumer.poll(queue, max_nums)).messages:
+                checker.add(msg.payload())
         await consumer.commit()  # the acknowledgement: the group's position, stored
-        return timer.outcome(checker.count, checker, job.n)
+        return timer.outcome(checker, job.n)
 
 
 def evq_produce_blocking(job: Job) -> Outcome:
@@ -212,47 +235,32 @@ def evq_produce_blocking(job: Job) -> Outcome:
     from evq.domain.message import new_message
 
     timer = Timer(job.max_seconds)
-    done = 0
     with SyncProducer(PRODUCER_GROUP, job.address) as producer:
         producer.publish_queues(TOPIC)  # the route, looked up before the timing
-        timer.start()
-        if job.mode == "sync":
-            for body in payloads(job.n):
-                producer.send(new_message(TOPIC, body))
-                timer.step()
-                done += 1
-                if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
-                    break
-        else:
-            for chunk in chunks(payloads(job.n), job.batch):
-                producer.send_batch([new_message(TOPIC, body) for body in chunk])
-                timer.step()
-                done += len(chunk)
-                if timer.expired():
-                    break
-        return timer.outcome(done)
+        for bodies in requests(job, timer):
+            if job.mode == "sync":
+                producer.send(new_message(TOPIC, bodies[0]))
+            else:
+                producer.send_batch([new_message(TOPIC, body) for body in bodies])
+        return timer.outcome()
 
 
 def evq_consume_blocking(job: Job) -> Outcome:
     """:func:`evq_consume` with :class:`~evq.client.blocking.SyncPullConsumer`."""
     from evq.client.blocking import SyncPullConsumer
 
-    timer = Timer(job.max_seconds)
-    checker = Checker()
+    timer, checker = Timer(job.max_seconds), Checker()
     max_nums = 1 if job.mode == "sync" else job.batch
     with SyncPullConsumer(CONSUMER_GROUP, job.address) as consumer:
         queues = consumer.queues(TOPIC)
         consumer.assign(queues)
         for queue in queues:
             consumer.seek_to_begin(queue)
-        timer.start()
-        while checker.count < job.n and not timer.expired():
-            for queue in queues:
-                for msg in consumer.poll(queue, max_nums).messages:
-                    checker.add(msg.payload())
-                timer.step()
+        for queue in polls(job, timer, checker, queues):
+            for msg in consumer.poll(queue, max_nums).messages:
+                checker.add(msg.payload())
         consumer.commit()
-        return timer.outcome(checker.count, checker, job.n)
+        return timer.outcome(checker, job.n)
 
 
 # -- Redis Streams ------------------------------------------------------------------------------
@@ -270,26 +278,15 @@ def _redis(address: str) -> redis.Redis:
 def redis_produce(job: Job) -> Outcome:
     client = _redis(job.address)
     timer = Timer(job.max_seconds)
-    done = 0
-    timer.start()
-    if job.mode == "sync":
-        for body in payloads(job.n):
-            client.xadd(TOPIC, {REDIS_FIELD: body})
-            timer.step()
-            done += 1
-            if done % DEADLINE_CHECK_EVERY == 0 and timer.expired():
-                break
-    else:
-        for chunk in chunks(payloads(job.n), job.batch):
+    for bodies in requests(job, timer):
+        if job.mode == "sync":
+            client.xadd(TOPIC, {REDIS_FIELD: bodies[0]})
+        else:
             pipe = client.pipeline(transaction=False)
-            for body in chunk:
+            for body in bodies:
                 pipe.xadd(TOPIC, {REDIS_FIELD: body})
             pipe.execute()
-            timer.step()
-            done += len(chunk)
-            if timer.expired():
-                break
-    return timer.outcome(done)
+    return timer.outcome()
 
 
 def redis_consume(job: Job) -> Outcome:
@@ -309,7 +306,7 @@ def redis_consume(job: Job) -> Outcome:
             checker.add(fields[REDIS_FIELD])
         client.xack(TOPIC, REDIS_GROUP, *(entry_id for entry_id, _ in entries))
         timer.step()
-    outcome = timer.outcome(checker.count, checker, job.n)
+    outcome = timer.outcome(checker, job.n)
     pending = int(client.xpending(TOPIC, REDIS_GROUP)["pending"])
     if pending:
         return attrs.evolve(outcome, ok=False, detail=f"{outcome.detail}; {pending} unacked")
