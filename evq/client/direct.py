@@ -140,6 +140,9 @@ class BlockingLine:
         except (OSError, ProtocolError) as exc:
             self.close()
             raise ConnectionClosed(f"connection to {self.addr} failed: {exc}") from exc
+        except BaseException:  # interrupted: an answer may still come, to the next request
+            self.close()
+            raise
 
     def close(self) -> None:
         if not self.closed:
@@ -174,17 +177,23 @@ class BlockingLines:
             return None
         try:
             answer = line.request(make)
-        except TransportError:
-            self._forget(line)
+        except BaseException:
+            if line.closed:
+                self._forget(line)
+            else:  # nothing was sent (``make`` raised): the line is as it was
+                self._give(line)
             raise
         with self._lock:
             self.answered += 1
+        self._give(line)
+        return answer
+
+    def _give(self, line: BlockingLine) -> None:
         if self._closed:
             self._forget(line)
             line.close()
         else:
-            self._idle[addr].append(line)
-        return answer
+            self._idle[line.addr].append(line)
 
     def _take(self, addr: str) -> BlockingLine | None:
         idle = self._idle.get(addr)

@@ -18,7 +18,7 @@ from evq.client.direct import BlockingLine, BlockingLines
 from evq.client.errors import BrokerRefused, SendFailed
 from evq.client.producer import SendResult, SendStatus
 from evq.domain.codes import ResponseCode
-from evq.domain.message import new_message
+from evq.domain.message import PropertyError, new_message
 from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, FrameDecoder, RemotingCommand
 from evq.net.transport import ConnectError, ConnectionClosed, RequestTimeout
@@ -117,6 +117,17 @@ def test_a_broker_gets_at_most_the_pools_lines(cluster: Served) -> None:
     finally:
         lines.close()
     assert lines.lines(cluster.broker) == 0
+
+
+def test_a_message_that_cannot_be_framed_leaves_the_line_as_it_was(cluster: Served) -> None:
+    with SyncProducer("PG", cluster.namesrv) as p:
+        p.send(new_message("Framed", b"x"))
+        bad = new_message("Framed", b"y")
+        bad.properties["k"] = "a\x01b"
+        with pytest.raises(PropertyError, match="separator"):
+            p.send(bad)
+        assert p.send(new_message("Framed", b"z")).status is SendStatus.SEND_OK
+        assert p.direct_sends == 1 and p.lines(cluster.broker) == 1
 
 
 def test_a_refusal_on_a_line_fails_the_send_at_once(tmp_path: Path) -> None:
