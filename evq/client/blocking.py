@@ -66,10 +66,10 @@ class LoopThread:
 class SyncProducer:
     """:class:`Producer` for synchronous code; started on construction.
 
-    :meth:`send` is made on the caller's thread over a blocking connection of its own
-    (:mod:`evq.client.direct`) whenever the loop already knows the topic's route and has
-    greeted its broker; the loop's thread makes the rest, retries included.  Any number of
-    threads may send at once."""
+    :meth:`send` and :meth:`send_batch` are made on the caller's thread over a blocking
+    connection of its own (:mod:`evq.client.direct`) whenever the loop already knows the
+    topic's route and has greeted its broker; the loop's thread makes the rest, retries
+    included.  Any number of threads may send at once."""
 
     def __init__(self, group: str, namesrv: str, **options: Any) -> None:
         self._thread = LoopThread()
@@ -90,10 +90,16 @@ class SyncProducer:
         return self._lines.lines(addr)
 
     def send(self, msg: Message) -> SendResult:
-        sent = self._producer.send_now(msg, self._lines)
+        return self._sent([msg], batch=False)
+
+    def send_batch(self, msgs: Sequence[Message]) -> SendResult:
+        return self._sent(msgs, batch=True)
+
+    def _sent(self, msgs: Sequence[Message], *, batch: bool) -> SendResult:
+        sent = self._producer.send_now(msgs, self._lines, batch=batch)
         if isinstance(sent, SendResult):
             return sent
-        return self._thread.run(self._producer.send_after(msg, sent))
+        return self._thread.run(self._producer.send_after(msgs, sent, batch=batch))
 
     def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
         """Send without waiting: the future holds the :class:`SendResult` or the exception
@@ -104,9 +110,6 @@ class SyncProducer:
     def publish_queues(self, topic: str) -> list[MessageQueue]:
         """The queues a send to ``topic`` may go to (its route, looked up when missing)."""
         return self._thread.run(self._producer.publish_queues(topic))
-
-    def send_batch(self, msgs: Sequence[Message]) -> SendResult:
-        return self._thread.run(self._producer.send_batch(msgs))
 
     def send_orderly(self, msg: Message, key: str,
                      selector: QueueSelector | None = None) -> SendResult:

@@ -28,7 +28,7 @@ from typing import Final
 import attrs
 
 from evq import logs
-from evq.client.direct import BlockingLines
+from evq.client.direct import BlockingLines, MadeRequest
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
@@ -277,11 +277,7 @@ class Producer:
 
     async def send_batch(self, msgs: Sequence[Message]) -> SendResult:
         """One request for several messages of one topic; each keeps its own UNIQ_KEY."""
-        if not msgs or len({m.topic for m in msgs}) != 1:
-            raise ClientError("a batch needs at least one message, all of one topic")
-        if any(Prop.DELAY in m.properties for m in msgs):
-            raise ClientError("a batch cannot carry delayed messages")
-        self._prepare(*msgs)
+        self._prepare(*_batch_of(msgs))
         return await self._send(msgs[0].topic, list(msgs), True)
 
     async def send_orderly(self, msg: Message, key: str,
@@ -332,18 +328,20 @@ class Producer:
         for msg in msgs:
             msg.born_timestamp = now
 
-    def send_now(self, msg: Message, lines: BlockingLines) -> SendResult | Attempts:
-        """The first attempt of :meth:`send` made on the calling thread over one of
-        ``lines``, for a caller that may block (:class:`~evq.client.blocking.SyncProducer`):
-        the result, or the :class:`Attempts` :meth:`send_after` goes on from on the loop.
+    def send_now(self, msgs: Sequence[Message], lines: BlockingLines, *, batch: bool = False
+                 ) -> SendResult | Attempts:
+        """The first attempt of :meth:`send` of the one message in ``msgs`` (or of
+        :meth:`send_batch` of ``msgs``) made on the calling thread over one of ``lines``,
+        for a caller that may block (:class:`~evq.client.blocking.SyncProducer`): the
+        result, or the :class:`Attempts` :meth:`send_after` goes on from on the loop.
 
         Only a send whose topic's route and broker greeting the loop has already worked out
         is tried here (and only while ``lines`` has a line to spare); the rest is
         :data:`NOT_TRIED`.  So this reads the loop's state (a route, a set, a dict: each read
         in one step) and writes only the fault table, which is safe to share
         (:class:`LatencyFaultTolerance`), and the round-robin counter (a C iterator)."""
-        self._prepare(msg)
-        topic = msg.topic
+        self._prepare(*(_batch_of(msgs) if batch else msgs))
+        topic = msgs[0].topic
         known = self._publish.get(topic)
         routes = self._routes
         if known is None or routes is None or known[0] is not routes.cached(topic) \
@@ -357,23 +355,22 @@ class Producer:
         started = self._clock.monotonic()
         try:
             try:
-                answer = lines.request(addr, functools.partial(send_request, self.group, queue,
-                                                               msg))
+                answer = lines.request(addr, self._maker(queue, msgs, batch))
             except TransportError:
                 self._faults.update(queue.broker_name, 0, failed=True)
                 raise
             if answer is None:
                 return NOT_TRIED
-            status = self._answered(queue, answer, started, False, addr)
+            return self._answered(queue, msgs, batch, answer, started, addr)
         except (TransportError, BrokerRefused) as exc:
             if not self._may_retry(exc, None, topic, queue, 0):
                 raise
             return Attempts(1, queue.broker_name, exc)
-        return send_result(status, msg.properties[Prop.UNIQ_KEY], queue, answer.ext_fields)
 
-    async def send_after(self, msg: Message, attempts: Attempts) -> SendResult:
-        """:meth:`send` of ``msg`` after :meth:`send_now` made ``attempts`` of it."""
-        return await self._send(msg.topic, [msg], False, after=attempts)
+    async def send_after(self, msgs: Sequence[Message], attempts: Attempts, *,
+                         batch: bool = False) -> SendResult:
+        """What :meth:`send_now` of the same arguments began, after its ``attempts``."""
+        return await self._send(msgs[0].topic, list(msgs), batch, after=attempts)
 
     async def _send(self, topic: str, msgs: list[Message], batch: bool,
                     chosen: MessageQueue | None = None, after: Attempts = NOT_TRIED
@@ -404,8 +401,7 @@ class Producer:
                 pool, addr = self._pool, masters.get(queue.broker_name)
                 if pool is None or addr is None or addr not in self._greeted:
                     pool, addr = await self._greeted_master(route, queue)
-                make = (functools.partial(_batch_request, self.group, queue, msgs) if batch
-                        else functools.partial(send_request, self.group, queue, msgs[0]))
+                make = self._maker(queue, msgs, batch)
                 started = self._clock.monotonic()
                 try:
                     conn = pool.opened(addr) or await pool.connect(addr)
@@ -413,23 +409,26 @@ class Producer:
                 except TransportError:
                     self._faults.update(queue.broker_name, 0, failed=True)
                     raise
-                status = self._answered(queue, answer, started, batch, addr)
+                return self._answered(queue, msgs, batch, answer, started, addr)
             except (TransportError, BrokerRefused) as exc:
                 if not self._may_retry(exc, chosen, topic, queue, attempt):
                     raise
                 last_failed, cause = queue.broker_name, exc
-                continue
-            msg_id = (",".join(m.properties[Prop.UNIQ_KEY] for m in msgs) if batch
-                      else msgs[0].properties[Prop.UNIQ_KEY])
-            return send_result(status, msg_id, queue, answer.ext_fields)
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
 
-    def _answered(self, queue: MessageQueue, answer: RemotingCommand, started: float,
-                  batch: bool, addr: str) -> SendStatus:
-        """The status of the broker's ``answer`` to a send to ``queue`` begun at ``started``
-        (reported to the fault table with its latency); :class:`BrokerRefused` when the
-        broker did not store it."""
+    def _maker(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool
+               ) -> MadeRequest:
+        """What makes the request of ``msgs`` to ``queue`` for a connection's opaque."""
+        if batch:
+            return functools.partial(_batch_request, self.group, queue, list(msgs))
+        return functools.partial(send_request, self.group, queue, msgs[0])
+
+    def _answered(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool,
+                  answer: RemotingCommand, started: float, addr: str) -> SendResult:
+        """The result the broker's ``answer`` gives a send of ``msgs`` to ``queue`` begun at
+        ``started`` (reported to the fault table with its latency); :class:`BrokerRefused`
+        when the broker did not store them."""
         status = STATUS_OF_CODE.get(answer.code)
         self._faults.update(queue.broker_name,
                             round((self._clock.monotonic() - started) * 1000),
@@ -437,7 +436,9 @@ class Producer:
         if status is None:
             code = _SEND_BATCH if batch else _SEND
             raise BrokerRefused(answer.code, answer.remark, f"send {code.name} to {addr}")
-        return status
+        msg_id = (",".join(m.properties[Prop.UNIQ_KEY] for m in msgs) if batch
+                  else msgs[0].properties[Prop.UNIQ_KEY])
+        return send_result(status, msg_id, queue, answer.ext_fields)
 
     @staticmethod
     def _may_retry(exc: TransportError | BrokerRefused, chosen: MessageQueue | None,
@@ -475,6 +476,15 @@ class Producer:
         if self._supervisor is None:
             raise NotStarted(f"producer {self.group!r} is not started")
         return self._supervisor
+
+
+def _batch_of(msgs: Sequence[Message]) -> Sequence[Message]:
+    """``msgs``, when they make a batch: some messages, all of one topic, none delayed."""
+    if not msgs or len({m.topic for m in msgs}) != 1:
+        raise ClientError("a batch needs at least one message, all of one topic")
+    if any(Prop.DELAY in m.properties for m in msgs):
+        raise ClientError("a batch cannot carry delayed messages")
+    return msgs
 
 
 def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch: bool

@@ -15,7 +15,7 @@ import pytest
 
 from evq.client.blocking import SyncProducer, SyncPullConsumer
 from evq.client.direct import BlockingLine, BlockingLines
-from evq.client.errors import BrokerRefused, SendFailed
+from evq.client.errors import BrokerRefused, ClientError, SendFailed
 from evq.client.producer import SendResult, SendStatus
 from evq.domain.codes import ResponseCode
 from evq.domain.message import PropertyError, new_message
@@ -55,6 +55,20 @@ def test_sends_after_the_first_are_made_on_the_callers_thread(cluster: Served) -
     assert all(offsets == sorted(set(offsets)) for offsets in by_queue.values())
     assert sorted(read_all(cluster.namesrv, "Direct", 200)) == sorted(b"m%d" % i
                                                                        for i in range(200))
+
+
+def test_batches_are_made_on_the_callers_thread_too(cluster: Served) -> None:
+    with SyncProducer("PG", cluster.namesrv) as p:
+        with pytest.raises(ClientError, match="all of one topic"):
+            p.send_batch([new_message("Batches", b"x"), new_message("Other", b"y")])
+        results = [p.send_batch([new_message("Batches", b"%d-%d" % (b, i)) for i in range(10)])
+                   for b in range(20)]
+        assert p.direct_sends == 19
+    assert {r.status for r in results} == {SendStatus.SEND_OK}
+    keys = [key for r in results for key in r.msg_id.split(",")]
+    assert len(keys) == len(set(keys)) == 200
+    assert sorted(read_all(cluster.namesrv, "Batches", 200)) == sorted(
+        b"%d-%d" % (b, i) for b in range(20) for i in range(10))
 
 
 def test_threads_send_at_once_each_on_a_line(cluster: Served) -> None:
