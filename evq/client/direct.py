@@ -154,8 +154,9 @@ class BlockingLine:
 class BlockingLines:
     """A pool of :class:`BlockingLine` by broker address, shared by a producer's callers.
 
-    Taking and giving back are a list's ``pop`` and ``append`` (atomic in CPython); only
-    opening and closing a line take the lock, to count a broker's lines."""
+    Taking a line is a list's ``pop`` (atomic in CPython); giving one back takes the lock, so
+    that a line given back as :meth:`close` runs is closed rather than left idle in a closed
+    pool, and so do opening and closing one, to count a broker's lines."""
 
     def __init__(self, timeout: float, security: ClientSecurity | None,
                  max_per_broker: int = MAX_LINES_PER_BROKER) -> None:
@@ -181,19 +182,19 @@ class BlockingLines:
             if line.closed:
                 self._forget(line)
             else:  # nothing was sent (``make`` raised): the line is as it was
-                self._give(line)
+                self._give(line, answered=False)
             raise
-        with self._lock:
-            self.answered += 1
-        self._give(line)
+        self._give(line, answered=True)
         return answer
 
-    def _give(self, line: BlockingLine) -> None:
-        if self._closed:
-            self._forget(line)
-            line.close()
-        else:
-            self._idle[line.addr].append(line)
+    def _give(self, line: BlockingLine, *, answered: bool) -> None:
+        with self._lock:
+            self.answered += answered
+            if not self._closed:
+                self._idle[line.addr].append(line)
+                return
+            self._count[line.addr] -= 1
+        line.close()
 
     def _take(self, addr: str) -> BlockingLine | None:
         idle = self._idle.get(addr)

@@ -280,6 +280,20 @@ def test_a_line_whose_peer_never_answers_times_out() -> None:
         assert line.closed
 
 
+def test_a_line_in_use_as_the_pool_closes_is_closed_when_its_request_ends() -> None:
+    with peer(lambda conn, cmd: conn.sendall(cmd.response().encode())) as addr:
+        lines = BlockingLines(timeout=10.0, security=None)
+
+        def closing_meanwhile(opaque: int) -> tuple[RemotingCommand, None]:
+            lines.close()  # another thread's shutdown, while this request is under way
+            return ping(opaque)
+
+        answer = lines.request(addr, closing_meanwhile)
+        assert answer is not None and answer.code == ResponseCode.SUCCESS
+        assert lines.lines(addr) == 0 and lines.answered == 1
+        assert lines.request(addr, ping) is None  # a closed pool opens no line
+
+
 def test_a_line_to_nowhere_fails_to_connect() -> None:
     with socket.create_server(("127.0.0.1", 0)) as s:
         addr = f"127.0.0.1:{s.getsockname()[1]}"
