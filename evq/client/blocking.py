@@ -2,10 +2,11 @@
 
 A script that is not async calls ``SyncProducer(...).send(msg)``; each call runs the
 coroutine on the wrapper's own loop and blocks until it finishes, so the client has one
-implementation and the wrapper only carries calls across the thread boundary.  The one
-exception is the producer's plain send, the call scripts make most: it is made on the
-caller's thread when the loop has already worked out where it goes
-(:meth:`Producer.send_now`), since crossing to the loop and back cost more than the send.
+implementation and the wrapper only carries calls across the thread boundary.  The
+exceptions are the calls scripts make most, the producer's plain send and the pull consumer's
+poll: each is made on the caller's thread when the loop has already worked out where it goes
+(:meth:`Producer.send_now`, :meth:`PullConsumer.poll_now`), since crossing to the loop and
+back cost more than the request itself.
 The consumers' background work (heartbeats, rebalancing, auto-commit, a push consumer's
 pulls) runs on that loop between calls; a push consumer's plain-function listener runs in
 worker threads.
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 from evq.client.consumer import ConsumeResult, PushConsumer
 from evq.client.direct import BlockingLines
 from evq.client.producer import Producer, QueueSelector, SendResult
-from evq.client.pull_consumer import PullConsumer
+from evq.client.pull_consumer import PULL_TIMEOUT_MARGIN_S, PullConsumer
 from evq.client.pulling import PullResult
 from evq.client.transactions import (
     TransactionListener,
@@ -153,21 +154,39 @@ class SyncTransactionProducer(SyncProducer):
 
 class SyncPullConsumer:
     """:class:`PullConsumer` for synchronous code: ``subscribe`` (or, after ``start``,
-    ``assign``), then ``poll`` and ``commit``; ``with`` starts and shuts it down."""
+    ``assign``), then ``poll`` and ``commit``; ``with`` starts and shuts it down.
+
+    :meth:`poll` is made on the caller's thread over a blocking connection of its own
+    (:mod:`evq.client.direct`) whenever the queue is assigned and its topic routed; the
+    loop's thread makes the rest (a broker that failed, the first poll of a topic) and all
+    the background work.  Threads may poll different queues at once."""
 
     def __init__(self, group: str, namesrv: str, **options: Any) -> None:
         self._thread = LoopThread()
         self._consumer = PullConsumer(group, namesrv, **options)
+        self._lines: BlockingLines | None = None
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         self._consumer.subscribe(topic, expression)
 
     def start(self) -> None:
         self._thread.run(self._consumer.start())
+        self._lines = BlockingLines(PULL_TIMEOUT_MARGIN_S, self._consumer.security)
 
     def shutdown(self) -> None:
+        if self._lines is not None:
+            self._lines.close()
         self._thread.run(self._consumer.shutdown())
         self._thread.stop()
+
+    @property
+    def direct_polls(self) -> int:
+        """Polls made on the callers' threads and answered (the loop's thread made the rest)."""
+        return 0 if self._lines is None else self._lines.answered
+
+    def lines(self, addr: str) -> int:
+        """Blocking connections open to the broker at ``addr``."""
+        return 0 if self._lines is None else self._lines.lines(addr)
 
     def __enter__(self) -> SyncPullConsumer:
         self.start()
@@ -187,6 +206,11 @@ class SyncPullConsumer:
         return self._consumer.assignment
 
     def poll(self, queue: MessageQueue, max_nums: int = 32, *, wait_ms: int = 0) -> PullResult:
+        lines = self._lines
+        if lines is not None:
+            result = self._consumer.poll_now(queue, max_nums, lines, wait_ms=wait_ms)
+            if result is not None:
+                return result
         return self._thread.run(self._consumer.poll(queue, max_nums, wait_ms=wait_ms))
 
     def poll_all(self, max_nums: int = 32, *, wait_ms: int = 0) -> list[Message]:

@@ -20,7 +20,11 @@ DOWN_FOR_S: Final = 5.0
 
 
 class BrokerChoice:
-    """Per-queue suggestions and recently failed addresses; pure, given the clock."""
+    """Per-queue suggestions and recently failed addresses; pure, given the clock.
+
+    Shared by a consumer's event loop and, for a
+    :class:`~evq.client.blocking.SyncPullConsumer`, its callers' threads: every read and
+    write is one step on a dict, so none sees the other's half done."""
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK, down_for_s: float = DOWN_FOR_S) -> None:
         self._clock = clock
@@ -43,7 +47,7 @@ class BrokerChoice:
         if until is None:
             return True
         if self._clock.monotonic() >= until:
-            del self._down_until[addr]
+            self._down_until.pop(addr, None)  # (a caller's thread may have just done so)
             return True
         return False
 

@@ -1,5 +1,5 @@
-"""Blocking connections to brokers: a :class:`~evq.client.blocking.SyncProducer`'s sends made
-on its callers' own threads.
+"""Blocking connections to brokers: a :class:`~evq.client.blocking.SyncProducer`'s sends and
+a :class:`~evq.client.blocking.SyncPullConsumer`'s polls made on their callers' own threads.
 
 A SyncProducer used to carry every send to its event loop's thread and back: a hand-off each
 way between two threads and a round of the loop's work, which cost more than the send itself
@@ -8,13 +8,16 @@ way between two threads and a round of the loop's work, which cost more than the
 needs none of the loop's machinery: the calling thread writes the request on a blocking
 socket of its own and reads the answer, as redis-py and RocketMQ's own blocking ``send`` do.
 The loop goes on doing all the rest (routes, heartbeats, a topic's first send, retries):
-:meth:`Producer.send_now <evq.client.producer.Producer.send_now>` says which sends come here.
+:meth:`Producer.send_now <evq.client.producer.Producer.send_now>` says which sends come here,
+and :meth:`PullConsumer.poll_now <evq.client.pull_consumer.PullConsumer.poll_now>` which polls
+(a poll crossed to the loop and back cost a sync consumer a seventh of its rate; issue 18).
 
 Execution model: a :class:`BlockingLine` is used by one thread at a time, taken from its
 :class:`BlockingLines` pool for a request and given back after it; the pool is shared by the
 callers' threads.  Nothing here touches an event loop.  Timeouts are the kernel's
-(``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, set once a line): a Python socket timeout would poll
-before every read and write, a system call a request (8 µs of the send's CPU, measured).
+(``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, set when a line opens and again only when a request asks
+for another, as a long poll does): a Python socket timeout would poll before every read and
+write, a system call a request (8 µs of the send's CPU, measured).
 
 Bounds: a broker gets at most :data:`MAX_LINES_PER_BROKER` lines of one pool (callers beyond
 that send through the loop's connection); an answer is read within the client's frame limit
@@ -60,6 +63,12 @@ def _kernel_timeout(seconds: float) -> bytes:
     return struct.pack("ll", usec // 1_000_000, usec % 1_000_000)
 
 
+def _set_kernel_timeout(sock: socket.socket, seconds: float) -> None:
+    value = _kernel_timeout(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
 class BlockingLine:
     """One blocking connection to a broker, for requests that wait for their answer."""
 
@@ -67,12 +76,14 @@ class BlockingLine:
                  security: ClientSecurity | None) -> None:
         self.addr = addr
         self.timeout = timeout
+        """A request's timeout when it names none."""
         self._sock = sock
         self._credentials = security.credentials if security is not None else None
         self._decoder = FrameDecoder(MAX_FRAME)
         self._opaques = OpaqueCounter()
         self._buffer = bytearray(READ_SIZE)
         self._view = memoryview(self._buffer)
+        self._kernel_s = timeout  # what SO_RCVTIMEO and SO_SNDTIMEO are set to now
         self.closed = False
         self.last_used = time.monotonic()
 
@@ -92,8 +103,7 @@ class BlockingLine:
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_hostname=host)
             sock.settimeout(None)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _kernel_timeout(timeout))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _kernel_timeout(timeout))
+            _set_kernel_timeout(sock, timeout)
         except ssl.SSLError as exc:
             sock.close()
             raise ConnectError(f"TLS handshake with {addr} failed: {exc}") from exc
@@ -102,17 +112,23 @@ class BlockingLine:
             raise ConnectError(f"cannot connect to {addr}: {exc or 'timed out'}") from exc
         return cls(addr, sock, timeout, security)
 
-    def request(self, make: MadeRequest) -> RemotingCommand:
+    def request(self, make: MadeRequest, timeout: float | None = None) -> RemotingCommand:
         """Send the request ``make(opaque)`` makes and return the broker's answer to it; a
-        :class:`TransportError` (the line closed) when the broker does not answer within the
-        line's timeout, the connection fails, or the bytes that come back are no frame."""
+        :class:`TransportError` (the line closed) when the broker does not answer within
+        ``timeout`` seconds (default: the line's), the connection fails, or the bytes that
+        come back are no frame."""
         opaque = self._opaques()
         cmd, frame = make(opaque)
         if self._credentials is not None:  # signed as Connection.send_made signs
             cmd.ext_fields = signed_fields(self._credentials, cmd.ext_fields, cmd.body)
             frame = None
-        deadline = time.monotonic() + self.timeout
+        if timeout is None:
+            timeout = self.timeout
+        deadline = time.monotonic() + timeout
         try:
+            if timeout != self._kernel_s:
+                _set_kernel_timeout(self._sock, timeout)
+                self._kernel_s = timeout
             self._sock.sendall(cmd.encode() if frame is None else frame)
             while True:
                 answer = self._decoder.next_command()
@@ -136,7 +152,7 @@ class BlockingLine:
                 ssl.SSLWantWriteError) as exc:
             self.close()
             raise RequestTimeout(f"{self.addr} did not answer request {opaque} within "
-                                 f"{self.timeout:g} s") from exc
+                                 f"{timeout:g} s") from exc
         except (OSError, ProtocolError) as exc:
             self.close()
             raise ConnectionClosed(f"connection to {self.addr} failed: {exc}") from exc
@@ -152,7 +168,7 @@ class BlockingLine:
 
 
 class BlockingLines:
-    """A pool of :class:`BlockingLine` by broker address, shared by a producer's callers.
+    """A pool of :class:`BlockingLine` by broker address, shared by a client's callers.
 
     Taking a line is a list's ``pop`` (atomic in CPython); giving one back takes the lock, so
     that a line given back as :meth:`close` runs is closed rather than left idle in a closed
@@ -170,14 +186,16 @@ class BlockingLines:
         self.answered = 0
         """Requests the lines carried and had answered (a counter metrics can read)."""
 
-    def request(self, addr: str, make: MadeRequest) -> RemotingCommand | None:
-        """The answer to ``make``'s request, over a line to ``addr``; None when ``addr``
-        already has its most lines in use (or the pool is closed): send another way."""
+    def request(self, addr: str, make: MadeRequest, timeout: float | None = None
+                ) -> RemotingCommand | None:
+        """The answer to ``make``'s request, over a line to ``addr``, within ``timeout``
+        seconds (default: the pool's); None when ``addr`` already has its most lines in use
+        (or the pool is closed): send another way."""
         line = self._take(addr)
         if line is None:
             return None
         try:
-            answer = line.request(make)
+            answer = line.request(make, timeout)
         except BaseException:
             if line.closed:
                 self._forget(line)

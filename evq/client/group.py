@@ -28,6 +28,7 @@ from typing import Final
 
 from evq import logs
 from evq.client.broker_choice import BrokerChoice
+from evq.client.direct import BlockingLines
 from evq.client.errors import BrokerRefused, ClientError, RouteNotFound
 from evq.client.producer import Producer
 from evq.client.pulling import PullResult, Subscription, parse_pull, pull_request
@@ -239,10 +240,44 @@ class GroupMember:
                 if not addrs:
                     raise
                 continue
-            result = parse_pull(answer, sub)
-            self._brokers.suggest(queue, result.suggest_which_broker_id)
-            return result
+            return self._pulled(queue, sub, answer)
         raise ClientError(f"broker {queue.broker_name!r} has no address in the routes")
+
+    def pull_now(self, queue: MessageQueue, offset: int, sub: Subscription,
+                 lines: BlockingLines, *, max_nums: int, suspend_ms: int, timeout: float
+                 ) -> PullResult | None:
+        """The first attempt of :meth:`pull` (with no ``commit_offset``) made on the calling
+        thread over one of ``lines``, for a caller that may block: the result, or None when
+        it was not made (no address, no line to spare) or the broker failed at the
+        transport.  That broker is then marked down as :meth:`pull` marks it, so the loop's
+        pull that follows goes on with the rest of the group.
+
+        Reads the routes and writes only the broker choice, both safe to share with the
+        loop's thread (each read or write is one step on a dict)."""
+        target = self._brokers.pull_target(queue, self._routes.group_addresses(queue.broker_name))
+        if target is None:
+            return None
+        addr = target[1]
+        request = pull_request(self.group, queue, offset, sub, max_nums=max_nums,
+                               suspend_ms=suspend_ms)
+
+        def made(opaque: int) -> tuple[RemotingCommand, None]:
+            request.opaque = opaque
+            return request, None
+
+        try:
+            answer = lines.request(addr, made, timeout)
+        except TransportError:
+            self._brokers.failed(addr)
+            return None
+        return None if answer is None else self._pulled(queue, sub, answer)
+
+    def _pulled(self, queue: MessageQueue, sub: Subscription, answer: RemotingCommand
+                ) -> PullResult:
+        """The pull's result, its suggestion for the queue's next pull remembered."""
+        result = parse_pull(answer, sub)
+        self._brokers.suggest(queue, result.suggest_which_broker_id)
+        return result
 
     def broker_failed(self, addr: str) -> None:
         """Count ``addr`` as down for a while (a request to it failed at the transport)."""

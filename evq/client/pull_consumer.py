@@ -22,11 +22,13 @@ already in flight when its queue was sought does not move the position back afte
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 from evq import logs
 from evq.client.broker_choice import BrokerChoice
+from evq.client.direct import BlockingLines
 from evq.client.errors import ClientError, NotStarted
 from evq.client.group import (
     ConsumeFrom,
@@ -89,6 +91,11 @@ class PullConsumer:
         self._seeks: dict[MessageQueue, int] = {}
         """How often each queue was sought: a poll started before a seek keeps its hands off
         the position."""
+        self._positions = threading.Lock()
+        """Held to change ``_assigned`` or ``_seeks``, for a few steps and never across an
+        await: :meth:`poll_now` moves a position on a caller's thread while the loop may be
+        rebalancing, and without it a poll could put back a queue the loop had just taken
+        away."""
         self._pull_subs: dict[tuple[str, str], Subscription] = {}
         """The subscription a pull of (topic, expression) sends, made once."""
         self._rebalance_now = asyncio.Event()
@@ -169,9 +176,9 @@ class PullConsumer:
         """Consume these queues from the group's committed offsets (0 when none)."""
         if self._subs:
             raise ClientError("a subscribed pull consumer gets its queues from rebalance")
-        self._assigned = {}
-        for q in queues:
-            self._assigned[q] = await self._start_offset(q)
+        assigned = {q: await self._start_offset(q) for q in queues}
+        with self._positions:
+            self._assigned = assigned
 
     async def rebalance(self) -> bool:
         """Take the queues of the subscribed topics this member should own now; False when
@@ -186,11 +193,14 @@ class PullConsumer:
             gone = {q: o for q, o in self._assigned.items() if q.topic == topic and q not in mine}
             if gone and self.auto_commit:
                 await self.commit(gone)
-            for q in gone:
-                del self._assigned[q]
+            with self._positions:
+                for q in gone:
+                    del self._assigned[q]
             for q in sorted(mine - set(self._assigned)):
                 try:
-                    self._assigned[q] = await self._start_offset(q)
+                    offset = await self._start_offset(q)
+                    with self._positions:
+                        self._assigned[q] = offset
                 except (ClientError, TransportError) as exc:
                     log.warning("queue not taken: no start offset", queue=q, error=str(exc))
                     settled = False
@@ -212,10 +222,11 @@ class PullConsumer:
     # -- positions ------------------------------------------------------------------------------
 
     def seek(self, queue: MessageQueue, offset: int) -> None:
-        if queue not in self._assigned:
-            raise ClientError(f"{queue} is not assigned")
-        self._assigned[queue] = offset
-        self._seeks[queue] = self._seeks.get(queue, 0) + 1
+        with self._positions:
+            if queue not in self._assigned:
+                raise ClientError(f"{queue} is not assigned")
+            self._assigned[queue] = offset
+            self._seeks[queue] = self._seeks.get(queue, 0) + 1
 
     async def seek_to_begin(self, queue: MessageQueue) -> None:
         self.seek(queue, await self._ask(queue, lambda pool, addr: min_offset(pool, addr, queue)))
@@ -241,10 +252,7 @@ class PullConsumer:
         self._supervisor.check()
         if routes.cached(queue.topic) is None:
             await routes.route(queue.topic)
-        sub = self._pull_subs.get((queue.topic, expression))
-        if sub is None:
-            sub = self._pull_subs[queue.topic, expression] = Subscription(queue.topic, expression)
-        return await member.pull(queue, offset, sub,
+        return await member.pull(queue, offset, self._pull_sub(queue.topic, expression),
                                  max_nums=max_nums, suspend_ms=wait_ms,
                                  timeout=wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
 
@@ -256,15 +264,62 @@ class PullConsumer:
         if offset is None:
             raise ClientError(f"{queue} is not assigned")
         seeks = self._seeks.get(queue, 0)
-        sub = self._subs.get(queue.topic)
-        result = await self.pull(queue, offset, max_nums,
-                                 expression=sub.expression if sub else "*", wait_ms=wait_ms)
-        if self._seeks.get(queue, 0) == seeks and queue in self._assigned:
-            if result.status is PullStatus.OFFSET_ILLEGAL:
-                log.info("offset moved", group=self.group, queue=queue,
-                         offset=result.next_begin_offset)
-            self._assigned[queue] = result.next_begin_offset
+        result = await self.pull(queue, offset, max_nums, expression=self._expression(queue),
+                                 wait_ms=wait_ms)
+        self._moved(queue, seeks, result)
         return result
+
+    def poll_now(self, queue: MessageQueue, max_nums: int, lines: BlockingLines, *,
+                 wait_ms: int = 0) -> PullResult | None:
+        """:meth:`poll` made on the calling thread over one of ``lines``, for a caller that
+        may block (:class:`~evq.client.blocking.SyncPullConsumer`): the result, or None where
+        the loop's :meth:`poll` is to make it: the consumer is not started, the queue is not
+        assigned or its topic not routed yet (the loop's poll says so or routes it), no line
+        is to spare, or the broker failed at the transport (the loop's poll goes on with the
+        rest of its group).
+
+        Reads the loop's state (the routes, a position: each read in one step), and writes a
+        position under ``_positions`` as :meth:`poll` does."""
+        routes, member, supervisor = self._routes, self._member, self._supervisor
+        if routes is None or member is None or supervisor is None:
+            return None
+        supervisor.check()
+        offset = self._assigned.get(queue)
+        if offset is None or routes.cached(queue.topic) is None:
+            return None
+        seeks = self._seeks.get(queue, 0)
+        result = member.pull_now(queue, offset,
+                                 self._pull_sub(queue.topic, self._expression(queue)), lines,
+                                 max_nums=max_nums, suspend_ms=wait_ms,
+                                 timeout=wait_ms / 1000 + PULL_TIMEOUT_MARGIN_S)
+        if result is not None:
+            self._moved(queue, seeks, result)
+        return result
+
+    def _moved(self, queue: MessageQueue, seeks: int, result: PullResult) -> None:
+        """The position of ``queue`` past ``result``, unless the queue was sought (or taken
+        away) since the poll read it (``seeks``)."""
+        with self._positions:
+            if self._seeks.get(queue, 0) != seeks or queue not in self._assigned:
+                return
+            self._assigned[queue] = result.next_begin_offset
+        if result.status is PullStatus.OFFSET_ILLEGAL:
+            log.info("offset moved", group=self.group, queue=queue,
+                     offset=result.next_begin_offset)
+
+    def _expression(self, queue: MessageQueue) -> str:
+        """What a poll of ``queue`` filters by: its topic's subscription, else everything."""
+        sub = self._subs.get(queue.topic)
+        return sub.expression if sub else "*"
+
+    def _pull_sub(self, topic: str, expression: str) -> Subscription:
+        """The subscription a pull of ``topic`` by ``expression`` sends, made once (by
+        whichever thread asks first)."""
+        sub = self._pull_subs.get((topic, expression))
+        if sub is None:
+            sub = self._pull_subs.setdefault((topic, expression),
+                                             Subscription(topic, expression))
+        return sub
 
     async def poll_all(self, max_nums: int = 32, *, wait_ms: int = 0) -> list[Message]:
         """One :meth:`poll` of every assigned queue; with ``wait_ms`` the polls long-poll

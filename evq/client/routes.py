@@ -266,7 +266,8 @@ class Routes:
     def group_addresses(self, broker_name: str) -> dict[int, str]:
         """Every known address of a broker group, by broker id, over all cached routes."""
         out: dict[int, str] = {}
-        for route in self._routes.values():
+        # A snapshot, taken in one step: a caller's thread may ask while the loop routes.
+        for route in tuple(self._routes.values()):
             out.update(route.brokers.get(broker_name, {}))
         return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from evq.acl.signature import Credentials
 from evq.admin.operations import Admin
-from evq.client.blocking import SyncProducer
+from evq.client.blocking import SyncProducer, SyncPullConsumer
 from evq.client.consumer import ConsumeFrom, ConsumeResult, ConsumerOptions, PushConsumer
 from evq.client.errors import ClientError
 from evq.client.offsets import max_offset
@@ -168,6 +169,17 @@ def test_a_sync_producers_sends_on_its_callers_thread_are_signed(cluster: Secure
         assert p.direct_sends == 9
     assert {r.status for r in sent} == {SendStatus.SEND_OK}
     assert len({r.offset_msg_id for r in sent}) == 10
+    got: list[bytes] = []
+    with SyncPullConsumer("SecuredSyncReaders", cluster.namesrv, security=signed(USER)) as c:
+        c.assign(c.queues("SecuredSync"))
+        deadline, polls = time.monotonic() + WAIT_S, 0
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"read {len(got)} of 10"
+            for queue in c.assignment:
+                got += [m.body for m in c.poll(queue).messages]
+                polls += 1
+        assert c.direct_polls == polls  # every one on the caller's thread, signed too
+    assert sorted(got) == sorted(b"s%d" % i for i in range(10))
 
 
 def test_the_commands_take_credentials_from_the_environment(cluster: Secured) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from evq.client.blocking import SyncProducer
+from evq.client.blocking import SyncProducer, SyncPullConsumer
 from evq.client.producer import SendStatus
 from evq.domain.codes import ResponseCode
 from evq.domain.message import new_message
@@ -122,6 +122,11 @@ def test_an_enforcing_cluster_speaks_only_tls(tmp_path: Path, pki: Pki) -> None:
                 assert {r.status for r in sent} == {SendStatus.SEND_OK}
                 # On the callers' thread, over a blocking TLS connection of its own.
                 assert p.direct_sends == 4 and p.lines(addr) == 1
+            with SyncPullConsumer("TlsSyncReaders", namesrv, security=security(pki)) as c:
+                queue = sent[-1].queue
+                c.assign([queue])
+                polled = c.poll(queue)
+                assert polled.messages and c.direct_polls == 1 and c.lines(addr) == 1
             assert broker.stop() == 0
 
 
