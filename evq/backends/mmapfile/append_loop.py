@@ -13,10 +13,11 @@ its size is illegal.  So the loop is split in two:
   the rules of rolls, allocation, queue files and illegal sizes live) and calls the loop again
   from the same record, which then passes.
 
-Both twins read and leave their state in one :class:`AppendRun`, so the store sees one
-algorithm whichever runs.  The state a reader in another thread can see changes in the order
-recovery and reads rely on: the record's bytes, then its PHYSICALOFFSET, then the segment's
-``wrote``, then the queue entry (a pull skips an entry whose record it cannot see yet).
+Both twins read and leave their state in one :class:`AppendRun` (the compiled loop in its
+twin class, the same fields kept in C), so the store sees one algorithm whichever runs.  The
+state a reader in another thread can see changes in the order recovery and reads rely on:
+the record's bytes, then its PHYSICALOFFSET, then the segment's ``wrote``, then the queue
+entry (a pull skips an entry whose record it cannot see yet).
 """
 
 from __future__ import annotations

@@ -29,12 +29,15 @@ class StoreKernels:
 
     append_records: Callable[[append_loop.AppendRun, int], int]
     put_entries: index_file.PutEntries
+    append_run: Callable[..., append_loop.AppendRun]
+    """What makes the run ``append_records`` takes: the reference's class, or the compiled
+    one (whose loop takes no other)."""
     append: Callable[[Any, Sequence[rec.PutRecord]], AppendedBatch] | None = None
     """The twin of the whole of :meth:`MmapMessageLog.append` (the store, the records), which
     the store installs as its ``append``; None: the method itself, the reference."""
 
 
-PURE = StoreKernels(append_loop.append_records, index_file.put_entries)
+PURE = StoreKernels(append_loop.append_records, index_file.put_entries, append_loop.AppendRun)
 
 
 def _compiled() -> StoreKernels | None:
@@ -58,7 +61,7 @@ def _compiled() -> StoreKernels | None:
         appended_batch=AppendedBatch,
     )
     return StoreKernels(store_kernels.append_records, store_kernels.put_entries,
-                        store_kernels.append)
+                        store_kernels.AppendRun, store_kernels.append)
 
 
 COMPILED = _compiled()

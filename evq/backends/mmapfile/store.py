@@ -129,7 +129,7 @@ class MmapMessageLog(StoreShell):
                                    self._allocator, self.kernels.put_entries, self._put_lock)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
-        self._run = AppendRun(
+        self._run = self.kernels.append_run(
             records=(), mf=None, mm=None, start=0, pos=0, room=0,  # type: ignore[arg-type]
             min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record, now=-1, store_fields=b"",
             cqs=self._cqs, patch_v6=self._patch_store_fields,

@@ -198,12 +198,45 @@ cdef int cq_put(object cq, int64_t qo, int64_t phys, Py_ssize_t n, object tags) 
     return 0
 
 
-def append_records(object run, Py_ssize_t i) -> int:
+cdef class AppendRun:
+    """The twin of :class:`evq.backends.mmapfile.append_loop.AppendRun`: the same fields and
+    ``at``, kept in C, so that the append and its loop read and write them without an
+    attribute lookup each.  Those were some thirty an append, about 5 k of the 86 k machine
+    instructions the broker's loop ran for a single send (callgrind; issue 18).  The store
+    makes the run of its kernels (:attr:`StoreKernels.append_run
+    <evq.backends.mmapfile.kernels.StoreKernels.append_run>`): this one where they are
+    compiled, since the compiled loop takes no other."""
+
+    cdef public object records, mf, mm, store_fields, cqs, patch_v6, places, indexed, notify
+    cdef public int64_t start, pos, room, min_size, max_size, now
+
+    def __init__(self, *, records, mf, mm, int64_t start, int64_t pos, int64_t room,
+                 int64_t min_size, int64_t max_size, int64_t now, store_fields, cqs, patch_v6,
+                 places=None, indexed=None, notify=None):
+        self.records, self.mf, self.mm = records, mf, mm
+        self.start, self.pos, self.room = start, pos, room
+        self.min_size, self.max_size, self.now = min_size, max_size, now
+        self.store_fields, self.cqs, self.patch_v6 = store_fields, cqs, patch_v6
+        self.places = [] if places is None else places
+        self.indexed = [] if indexed is None else indexed
+        self.notify = notify
+
+    def at(self, mf) -> None:
+        """As the reference's ``at``: go on appending at the end of ``mf``."""
+        self.set_at(mf)
+
+    cdef int set_at(self, object mf) except -1:
+        self.mf, self.mm, self.start, self.pos = mf, mf.writer, mf.start, mf.wrote
+        self.room = min(mf.size, mf.allocated) - BLANK_SIZE
+        return 0
+
+
+def append_records(AppendRun run, Py_ssize_t i) -> int:
     """The twin of :func:`evq.backends.mmapfile.append_loop.append_records`."""
     return run_records(run, i)
 
 
-cdef Py_ssize_t run_records(object run, Py_ssize_t i) except -1:
+cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
     """:func:`append_records`, called from C by :func:`append` too."""
     cdef Py_buffer out, data_view
     cdef uint8_t* dst
@@ -307,6 +340,7 @@ def append(object log, object records):
     ``_index_failed``), a new index file (``IndexService.put_rest``), the transient store
     pool's deferred announcement (``CommitService.defer``), a subscriber that raised."""
     cdef Py_ssize_t count, i, prepared
+    cdef AppendRun run
     if not bound:
         raise RuntimeError("store_kernels.bind was not called")
     with log._put_lock:
@@ -322,9 +356,7 @@ def append(object log, object records):
         run = log._run
         files = log._log.files
         mf = files[len(files) - 1]  # (no negative indices here: wraparound=False)
-        # AppendRun.at(mf)
-        run.mf, run.mm, run.start, run.pos = mf, mf.writer, mf.start, mf.wrote
-        run.room = min(mf.size, mf.allocated) - BLANK_SIZE
+        run.set_at(mf)
         if now != run.now:
             run.now, run.store_fields = now, pack_store_fields(now, log._host)
         run.records, run.places, run.indexed = records, [], []
