@@ -20,10 +20,13 @@ from evq.backends.mmapfile.append_loop import NO_QUEUE_ENTRY
 from evq.backends.mmapfile.appended import ILLEGAL, REFUSED, AppendedBatch
 from evq.backends.mmapfile.consume_queue import ENTRY_SIZE, ConsumeQueue
 from evq.backends.mmapfile.index_file import (
+    COPY_CHUNKS,
+    HEAD_CHUNK,
     HEADER,
     HEADER_SIZE,
     IndexFile,
     IndexService,
+    dirty_runs,
     index_file_name,
 )
 from evq.backends.mmapfile.mapped_file import (
@@ -460,6 +463,23 @@ def _built(allocator: Allocator, directory: Path, after: Path | None = None) -> 
             return names[-1]
         threading.Event().wait(0.01)
     raise AssertionError(f"no file built in {directory}")
+
+
+@given(st.lists(st.booleans(), max_size=3 * COPY_CHUNKS + 5), st.integers(1, COPY_CHUNKS + 2))
+def test_a_flush_copies_the_dirty_head_chunks_a_bounded_run_at_a_time(
+        flags: list[bool], most: int) -> None:
+    """Every dirty chunk is copied once, as it is, in runs of at most ``most`` chunks (the
+    GIL is given up between them, so a whole dirty slot table no longer stops the broker's
+    loop for one long copy), and every flag is cleared."""
+    dirty = bytearray(flags)
+    image = bytes(k % 251 for k in range(len(flags) * HEAD_CHUNK))
+    runs = list(dirty_runs(dirty, image, most))
+    assert all(0 < len(data) <= most * HEAD_CHUNK and len(data) % HEAD_CHUNK == 0
+               for _, data in runs)
+    assert all(image[at:at + len(data)] == data for at, data in runs)
+    copied = [at // HEAD_CHUNK + k for at, data in runs for k in range(len(data) // HEAD_CHUNK)]
+    assert copied == [c for c, flag in enumerate(flags) if flag]
+    assert not any(dirty)
 
 
 def test_index_slots_are_little_endian_entry_numbers(tmp_path: Path) -> None:
