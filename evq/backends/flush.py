@@ -14,10 +14,11 @@ two flushes.  So a round waits until as many requests are parked as the last rou
 for as long as the last msync took, whichever comes first.
 
 The projection flusher writes consume queues, index and checkpoint back every
-``flush_consume_queue_interval_ms``.  It has its own thread because a sync acknowledgement
-needs only the CommitLog on disk (recovery rebuilds the projections from it, as RocketMQ's
-does): flushing them in the group-commit thread held every waiting writer up for the tens of
-milliseconds an index write-back takes.
+``flush_consume_queue_interval_ms`` (a round it runs is ``periodic``: a backend may write a
+costly part back less often, as the mmap store does its index head).  It has its own thread
+because a sync acknowledgement needs only the CommitLog on disk (recovery rebuilds the
+projections from it, as RocketMQ's does): flushing them in the group-commit thread held every
+waiting writer up for the tens of milliseconds an index write-back takes.
 
 Deadlines use real monotonic time, not the store's injected clock: a flush timeout is about
 the disk, not about message time.
@@ -64,7 +65,7 @@ class Flusher:
         *,
         written: Callable[[], int],
         flush_log: Callable[[int], int],
-        flush_projections: Callable[[], None],
+        flush_projections: Callable[[bool], None],
         durable: int,
     ):
         self._cfg = config
@@ -205,7 +206,7 @@ class Flusher:
         interval = self._cfg.flush_consume_queue_interval_ms / 1000
         while not self._stop_projections.wait(interval):
             try:
-                self._flush_projections()
+                self._flush_projections(True)
             except Exception:
                 log.exception("projection_flush_failed")
 

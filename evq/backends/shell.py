@@ -105,8 +105,11 @@ class StoreShell(MessageLog):
     def _flush_log(self, target: int) -> int:
         """Make the log durable up to at least ``target``; returns the durable end."""
 
-    def _flush_projections(self) -> None:
-        """Write the projections back (and whatever records how far they reach)."""
+    def _flush_projections(self, periodic: bool = False) -> None:
+        """Write the projections back (and whatever records how far they reach).
+        ``periodic``: the projection flusher's round, which may leave a part whose write-back
+        costs more than the recovery work it saves to a longer interval of its own; an
+        explicit flush and closing write everything."""
 
     @abc.abstractmethod
     def _release_files(self) -> None:

@@ -563,7 +563,7 @@ def _flusher(flush_log: object, flush_projections: object, **cfg: object) -> Flu
 def test_sync_acknowledgements_do_not_wait_for_projection_flushes(tmp_path: Path) -> None:
     started, release = threading.Event(), threading.Event()
 
-    def slow_projections() -> None:
+    def slow_projections(periodic: bool) -> None:
         started.set()
         release.wait(10)
 
@@ -590,7 +590,7 @@ def test_a_flush_that_finishes_last_never_takes_the_durable_end_back() -> None:
         finish.wait(10)  # the test decides when the round's msync returns
         return target
 
-    flusher = _flusher(flush_log, lambda: None, flush_consume_queue_interval_ms=60_000)
+    flusher = _flusher(flush_log, lambda periodic: None, flush_consume_queue_interval_ms=60_000)
     served = threading.Event()
     try:
         flusher.request(1000, lambda ok: served.set(), 10.0)  # a round from the target 1000
@@ -620,7 +620,7 @@ def test_a_flush_from_before_the_log_was_cut_back_vouches_for_nothing_after(how:
         release.acquire(timeout=10)  # the test decides when each round's msync returns
         return target
 
-    flusher = _flusher(flush_log, lambda: None, flush_consume_queue_interval_ms=60_000)
+    flusher = _flusher(flush_log, lambda periodic: None, flush_consume_queue_interval_ms=60_000)
     served = threading.Event()
     try:
         flusher.request(1000, lambda ok: None, 10.0)
@@ -675,7 +675,7 @@ def test_a_round_waits_for_as_many_writers_as_the_last_one_served() -> None:
 
     config = StoreConfig(flush=FlushMode.SYNC_FLUSH, flush_consume_queue_interval_ms=60_000)
     flusher = Flusher(config, written=lambda: written[0], flush_log=flush_log,
-                      flush_projections=lambda: None, durable=0)
+                      flush_projections=lambda periodic: None, durable=0)
 
     def park(n: int) -> None:
         for _ in range(n):

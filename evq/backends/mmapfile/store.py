@@ -29,6 +29,7 @@ import mmap
 import os
 import struct
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -129,6 +130,10 @@ class MmapMessageLog(StoreShell):
                                    self._allocator, self.kernels.put_entries, self._put_lock)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
+        self._index_ts = 0
+        """The checkpoint's indexMsgTimestamp: the store time up to which the index was last
+        written back (only every ``flush_index_interval_ms`` in the periodic rounds)."""
+        self._index_due = 0.0  # time.monotonic() from which a periodic round writes it back
         self._run = self.kernels.append_run(
             records=(), mf=None, mm=None, start=0, pos=0, room=0,  # type: ignore[arg-type]
             min_size=rec.MIN_RECORD_SIZE, max_size=self._max_record, now=-1, store_fields=b"",
@@ -177,6 +182,7 @@ class MmapMessageLog(StoreShell):
 
     def _recover(self, abnormal: bool) -> tuple[int, int]:
         self._checkpoint = Checkpoint(self.root / "checkpoint")
+        self._index_ts = self._checkpoint.index_ts
         self._log.load()
         self._load_consume_queues()
         self._index.load()
@@ -599,18 +605,28 @@ class MmapMessageLog(StoreShell):
                 break
         return durable
 
-    def _flush_projections(self) -> None:
+    def _flush_projections(self, periodic: bool = False) -> None:
+        """A periodic round writes the index head back only every ``flush_index_interval_ms``:
+        under unique keys nearly every page of its slot table changes within a second, and
+        copying and writing back 20 MB a second took the loop's time slices (issue 18).  The
+        checkpoint then keeps the index's older time, and a crash re-indexes from where the
+        index on disk ends (:meth:`_recover_log`)."""
         with self._put_lock:
             cqs = list(self._cqs.values())
             last_ts = self._last_store_ts
             durable = self._flusher.durable if self._flusher else 0
         for cq in cqs:
             cq.flush()
-        self._index.flush()
+        now = time.monotonic()
+        if not periodic or now >= self._index_due:
+            self._index.flush()
+            self._index_due = now + self.config.flush_index_interval_ms / 1000
+            self._index_ts = last_ts
         self._new_projection_files.sync()
         cp = self._checkpoint
         if cp is not None:
-            cp.physic_ts = cp.logics_ts = cp.index_ts = last_ts
+            cp.physic_ts = cp.logics_ts = last_ts
+            cp.index_ts = self._index_ts
             cp.physic_offset = durable
             cp.save()
 
