@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from evq.backends.config import StoreConfig
 from evq.domain.broker_config import BrokerRole
 from evq.domain.log import FlushMode
 from evq.settings import SettingsError, build, load
@@ -134,6 +135,17 @@ def test_the_flush_thorough_interval_has_its_rocketmq_name(tmp_path: Path) -> No
     conf = tmp_path / "broker.conf"
     conf.write_text("flushCommitLogThoroughInterval=3600000\n")
     assert load(config_file=conf, env={}).store.flush_thorough_interval_ms == 3_600_000
+
+
+def test_the_index_write_back_interval_is_a_broker_conf_key(tmp_path: Path) -> None:
+    """evq's own key (RocketMQ writes an index file back only once it is full), in the
+    camelCase a broker.conf uses; a negative interval is refused."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("flushIndexIntervalMs=60000\n")
+    assert load(config_file=conf, env={}).store.flush_index_interval_ms == 60_000
+    assert StoreConfig().flush_index_interval_ms == 10_000
+    with pytest.raises(ValueError, match="flush_index_interval_ms"):
+        StoreConfig(flush_index_interval_ms=-1)
 
 
 def test_store_keys_whose_rocketmq_names_are_not_ours_in_camel_case(tmp_path: Path) -> None:
