@@ -6,7 +6,8 @@ A projection round writes consume queues and the checkpoint back every
 broker's time slices).  :mod:`tests.backends.index_child` appends keyed messages, flushes
 everything, appends more and is SIGKILLed once a projection round has covered the late
 records: with a long interval the index file on disk still counts only the early entries and
-the checkpoint keeps the index's older time; with none it counts them all.  Either way the
+the checkpoint keeps the index's older time, and the reopen re-indexes the late records from
+the log (saying how far it got as it goes); with none it counts them all.  Either way the
 reopened store finds every key, early and late, exactly once.
 """
 
@@ -19,7 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
+from evq.backends.mmapfile import store as store_module
 from evq.backends.mmapfile.checkpoint import FIELDS as CHECKPOINT
 from evq.backends.mmapfile.index_file import HEADER
 from evq.backends.mmapfile.store import MmapMessageLog
@@ -40,7 +43,9 @@ def _index_count_on_disk(path: Path) -> int:
 
 
 @pytest.mark.parametrize("interval_ms", [0, 3_600_000])
-def test_a_kill_between_index_write_backs_loses_no_key(tmp_path: Path, interval_ms: int) -> None:
+def test_a_kill_between_index_write_backs_loses_no_key(
+    tmp_path: Path, interval_ms: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store = tmp_path / "store"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.backends.index_child", str(store), str(interval_ms)],
@@ -65,7 +70,14 @@ def test_a_kill_between_index_write_backs_loses_no_key(tmp_path: Path, interval_
         if proc.stdout is not None:
             proc.stdout.close()
     assert (store / "abort").exists()  # the reopen below recovers from a crash
-    log = MmapMessageLog.open(store, child.config(interval_ms))
+    # Every record re-dispatched is reported (the broker says so every 2 s).
+    monkeypatch.setattr(store_module, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(store_module, "_PROGRESS_CHECK", 1)
+    with capture_logs() as logs:
+        log = MmapMessageLog.open(store, child.config(interval_ms))
+    progress = [e for e in logs if e["event"] == "store_redispatch_progress"]
+    if interval_ms:  # the late records' index entries came from the log again
+        assert progress and progress[-1]["records"] >= child.LATE
     try:
         for name, count in (("early", child.EARLY), ("late", child.LATE)):
             for i in range(count):

@@ -77,6 +77,10 @@ _BLANK = rec.BLANK
 _INT64 = rec.INT64
 _SYSFLAG = struct.Struct(">i")
 _RECOVER_LAST_FILES = 3  # normal recovery re-checks the last three segments, as RocketMQ
+PROGRESS_EVERY_S = 2.0
+"""How often a recovery that re-dispatches records says how far it got (re-dispatch runs at
+tens of thousands of records a second: after a crash at full speed, seconds of them)."""
+_PROGRESS_CHECK = 4096  # records re-dispatched between looks at the clock
 _ESCAPED = "~"  # starts the directory name of a topic outside the legal alphabet
 
 
@@ -319,6 +323,8 @@ class MmapMessageLog(StoreShell):
         flushed = max(self._checkpoint.physic_offset, files[0].start)
         dispatch_from = min(covered, index_covered, flushed) if abnormal else covered
         scan_from = min(files[start_i].start, dispatch_from)
+        log.info("store_recovery_scan", path=str(self.root), abnormal=abnormal,
+                 scan_from=scan_from, dispatch_from=dispatch_from)
         for mf in files:  # positions are unknown until scanned: assume full, the scan cuts
             mf.wrote = mf.flushed = mf.allocated  # (never reading a hole: see mapped_file)
         end = self._scan(scan_from, dispatch_from=dispatch_from,
@@ -358,6 +364,8 @@ class MmapMessageLog(StoreShell):
         pos = start
         batch: list[Dispatched] = []
         ceiling = self._clock.now_ms() + rules.MAX_CLOCK_SKEW_MS  # see _note_store_ts
+        dispatched = 0
+        report_at = time.monotonic() + PROGRESS_EVERY_S
         while True:
             mf = self._log.find(pos)
             if mf is None:
@@ -390,6 +398,11 @@ class MmapMessageLog(StoreShell):
                 d = self._dispatch_fields(f, pos)
                 if d is not None and self._subscribers:
                     batch.append(d)
+                dispatched += 1
+                if not dispatched % _PROGRESS_CHECK and time.monotonic() >= report_at:
+                    report_at = time.monotonic() + PROGRESS_EVERY_S
+                    log.info("store_redispatch_progress", path=str(self.root), at=pos,
+                             since=dispatch_from, records=dispatched)
             pos += size
         if batch:
             self._subscribers.notify(batch)
