@@ -363,13 +363,21 @@ class MmapMessageLog(StoreShell):
         """
         pos = start
         batch: list[Dispatched] = []
-        ceiling = self._clock.now_ms() + rules.MAX_CLOCK_SKEW_MS  # see _note_store_ts
+        report = bool(self._subscribers)
+        # Index entries wait here while records share a store time, and go in one put (one
+        # a record was a sixth of a re-dispatch); the scan's records are in log order.
+        indexed: list[tuple[tuple[int, ...], int]] = []
+        indexed_ts = 0
+        now = self._clock.now_ms()  # once a scan: a clock call a record was a twentieth of it
+        ceiling = now + rules.MAX_CLOCK_SKEW_MS  # see _note_store_ts
         dispatched = 0
         report_at = time.monotonic() + PROGRESS_EVERY_S
+        mf: MappedFile | None = None
         while True:
-            mf = self._log.find(pos)
-            if mf is None:
-                break
+            if mf is None or not mf.start <= pos < mf.end:  # (the segments stay as they are)
+                mf = self._log.find(pos)
+                if mf is None:
+                    break
             if pos < dispatch_from:
                 # What needs no dispatch is only validated: a normal restart re-checks three
                 # segments, a run the record codec checks without an object per record.
@@ -379,7 +387,7 @@ class MmapMessageLog(StoreShell):
                                             dispatch_from, check_crc=check_crc,
                                             ceiling=ceiling)
                 if latest >= 0:
-                    self._note_store_ts(latest)
+                    self._note_store_ts(latest, now)
             rel = pos - mf.start
             if rel + rec.BLANK_SIZE > mf.wrote:
                 break
@@ -393,10 +401,14 @@ class MmapMessageLog(StoreShell):
                                    check_crc=check_crc)
             if f is None:
                 break
-            self._note_store_ts(f.store_timestamp)
+            self._note_store_ts(f.store_timestamp, now)
             if pos >= dispatch_from:
-                d = self._dispatch_fields(f, pos)
-                if d is not None and self._subscribers:
+                if indexed and f.store_timestamp != indexed_ts:
+                    self._index.put(indexed, indexed_ts)
+                    indexed = []
+                indexed_ts = f.store_timestamp
+                d = self._dispatch_fields(f, pos, indexed, report)
+                if d is not None:
                     batch.append(d)
                 dispatched += 1
                 if not dispatched % _PROGRESS_CHECK and time.monotonic() >= report_at:
@@ -404,22 +416,29 @@ class MmapMessageLog(StoreShell):
                     log.info("store_redispatch_progress", path=str(self.root), at=pos,
                              since=dispatch_from, records=dispatched)
             pos += size
+        if indexed:
+            self._index.put(indexed, indexed_ts)
         if batch:
             self._subscribers.notify(batch)
         return pos
 
-    def _note_store_ts(self, ts: int) -> None:
+    def _note_store_ts(self, ts: int, now: int) -> None:
         """Recovery scans the newest records even when nothing needs dispatching, to find the
-        store-time floor (:func:`evq.backends.rules.later_store_time`)."""
-        self._last_store_ts = rules.later_store_time(self._last_store_ts, ts, self._clock.now_ms())
+        store-time floor (:func:`evq.backends.rules.later_store_time`; ``now``: the clock as
+        the scan began)."""
+        self._last_store_ts = rules.later_store_time(self._last_store_ts, ts, now)
 
-    def _dispatch_fields(self, f: rec.Fields, phys: int) -> Dispatched | None:
-        """Apply one parsed record to the projections (recovery and replication)."""
+    def _dispatch_fields(self, f: rec.Fields, phys: int,
+                         indexed: list[tuple[tuple[int, ...], int]], report: bool
+                         ) -> Dispatched | None:
+        """Apply one parsed record to the projections (recovery and replication): its queue
+        entry now, its index entry (if the index does not hold it yet) onto ``indexed`` for
+        the caller to put.  The record's event if ``report`` (someone listens) and it went
+        into a queue."""
         props = decode_properties(f.properties)
         keys = rec.index_keys_of(props, f.sysflag)
         if keys and phys > self._index.end_phys:
-            hashes = tuple(index_key_hash(f.topic, k) for k in keys)
-            self._index.put([(hashes, phys)], f.store_timestamp)
+            indexed.append((tuple(index_key_hash(f.topic, k) for k in keys), phys))
         if f.sysflag & sf.TRANSACTION_MASK in sf.NOT_CONSUMABLE:
             return None
         key = (f.topic, f.queue_id)
@@ -432,6 +451,8 @@ class MmapMessageLog(StoreShell):
         cq.put(f.queue_offset, phys, f.size, tags)
         if f.queue_offset >= cq.next_offset:
             cq.next_offset = f.queue_offset + 1
+        if not report:
+            return None
         return Dispatched(f.topic, f.queue_id, f.queue_offset, phys, f.size, tags,
                           f.store_timestamp, f.sysflag)
 
