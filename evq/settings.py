@@ -249,6 +249,11 @@ def build(values: Mapping[str, object]) -> Settings:
                 if any(f.name == name for f in attrs.fields(cls)):
                     per_target[other][name] = value
     net = NetSettings(**per_target["net"])  # type: ignore[arg-type]
+    if net.listen_port and net.ha_listen_port == net.listen_port:
+        # The remoting port is bound before it listens, and a second server may then bind it
+        # too: slaves' and clients' connections would be dealt between the two at random.
+        raise SettingsError(f"haListenPort {net.ha_listen_port} is the listenPort: the HA "
+                            "listener needs a port of its own")
     if bool(net.access_key) != bool(net.secret_key):
         raise SettingsError("accessKey and secretKey are set together (the broker's own "
                             "account), or neither")

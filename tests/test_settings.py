@@ -137,6 +137,17 @@ def test_the_flush_thorough_interval_has_its_rocketmq_name(tmp_path: Path) -> No
     assert load(config_file=conf, env={}).store.flush_thorough_interval_ms == 3_600_000
 
 
+def test_an_ha_port_that_is_the_listen_port_is_refused(tmp_path: Path) -> None:
+    """Both servers could bind it (the remoting one binds before it listens), and connections
+    would be dealt between them."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text("listenPort=20911\nhaListenPort=20911\n")
+    with pytest.raises(SettingsError, match="haListenPort 20911 is the listenPort"):
+        load(config_file=conf, env={})
+    conf.write_text("listenPort=20911\nhaListenPort=20912\n")
+    assert load(config_file=conf, env={}).net.ha_port == 20912
+
+
 def test_the_index_write_back_interval_is_a_broker_conf_key(tmp_path: Path) -> None:
     """evq's own key (RocketMQ writes an index file back only once it is full), in the
     camelCase a broker.conf uses; a negative interval is refused."""

@@ -36,10 +36,20 @@ CATCH_UP_S = 30.0
 WAIT_S = 40.0
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, never one this process handed out before: the kernel may
+    give a port just closed to the next bind(0), and a group's master port and HA port once
+    came out the same (its clients' connections then went to the HA listener)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @attrs.define
