@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,28 @@ REGISTRATION_WAIT_S = 30.0
 def port_of(address: str) -> int:
     """The port of an ``ip:port`` a server printed."""
     return int(address.rpartition(":")[2])
+
+
+_HANDED_OUT: set[int] = set()
+"""Every port :func:`free_port` has handed out in this process."""
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on, for a server that must know its port before it
+    starts (a master restarted where its slave and clients expect it, an HA port, a server
+    started in the test's own process): never one this process handed out before.
+
+    It remembers the ports it handed out because the kernel may give a port just closed to the
+    next bind(0): two calls in a row can return the same port, and once a broker group's master
+    port and HA port came out the same (its clients' connections then went to the HA listener).
+    Only within a process: each pytest-xdist worker has its own set."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def python_env() -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -29,27 +28,11 @@ from evq.net.headers.offsets import (
 )
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, TransportError, split_address
-from tests.processes import Running, running_broker, running_evq, running_namesrv
+from tests.processes import Running, free_port, running_broker, running_evq, running_namesrv
 
 HOST = "127.0.0.1"
 CATCH_UP_S = 30.0
 WAIT_S = 40.0
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on, never one this process handed out before: the kernel may
-    give a port just closed to the next bind(0), and a group's master port and HA port once
-    came out the same (its clients' connections then went to the HA listener)."""
-    while True:
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 @attrs.define

@@ -4,7 +4,6 @@ is refused a connection (and retries), never answered a code it gives up on."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 from evq.domain.codes import ResponseCode
@@ -13,12 +12,7 @@ from evq.net.codes import RequestCode
 from evq.net.transport import ConnectError, RemotingClient
 from evq.settings import build
 from tests.net.test_broker_server import call, send_fields
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.processes import free_port
 
 
 async def test_sends_during_start_up_are_refused_a_connection_or_stored(tmp_path: Path) -> None:

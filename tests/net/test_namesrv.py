@@ -27,6 +27,7 @@ from evq.net.registration import BrokerRegistrar
 from evq.net.routes import ORDER_TOPIC_CONFIG
 from evq.net.transport import Connection, Dispatcher, RemotingClient, RemotingServer, split_address
 from tests.net.harness import HOST, TIMEOUT, eventually
+from tests.processes import free_port
 
 T = TopicConfig(topic_name="T", read_queue_nums=4, write_queue_nums=2)
 MASTER = BrokerIdentity(cluster="C", broker_name="broker-a", broker_id=0,
@@ -343,12 +344,6 @@ def evq(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "evq.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def test_evq_namesrv_serves_routes_and_stops_on_sigterm() -> None:
