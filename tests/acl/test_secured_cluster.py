@@ -35,8 +35,7 @@ from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.security import ClientSecurity
 from evq.net.transport import RemotingClient, run, split_address
-from tests.ha.group import free_port
-from tests.processes import Running, run_evq, running_evq, wait_registered
+from tests.processes import Running, free_port, run_evq, running_evq, wait_registered
 from tests.waiting import wait_for
 
 HOST = "127.0.0.1"

@@ -7,9 +7,11 @@ heads naming them are not.  The machine puts batches of keyed records, flushes, 
 back (as recovery and an HA slave do) and kills the process at any point (closing every file
 without a flush: the page cache keeps what was written, as after SIGKILL), then reopens the
 directory and indexes again what the store's recovery would (every record past the index's
-``end_phys``).  After each step every key must be found at every offset the model holds for
-it, newest first, and nowhere else.  Seven slots for four keys and twenty entries a file make
-chains share buckets and files roll often.
+``end_phys``).  A round between write-backs puts the entries on disk and keeps what
+``sync_entries`` returned, as the store's checkpoint does (until a flush or a cut, which the
+store clears it at), and the reopen links those entries in again.  After each step every key
+must be found at every offset the model holds for it, newest first, and nowhere else.  Seven
+slots for four keys and twenty entries a file make chains share buckets and files roll often.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.log: list[tuple[int, tuple[str, ...]]] = []  # (log offset, keys), in log order
         self.next_phys = 0
         self.service = IndexService(self.root, SLOTS, ENTRIES)
+        self.synced = (0, 0)  # the checkpoint's last two fields
 
     @rule(batch=st.lists(st.lists(st.sampled_from(KEYS), max_size=3).map(tuple), min_size=1,
                          max_size=6))
@@ -56,6 +59,16 @@ class IndexMachine(RuleBasedStateMachine):
     @rule()
     def flush(self) -> None:
         self.service.flush()
+        self.synced = (0, 0)
+
+    @rule()
+    def sync_entries(self) -> None:
+        """A projection round between write-backs of the heads (a full one when it must)."""
+        synced = self.service.sync_entries()
+        if synced is None:
+            self.flush()
+        else:
+            self.synced = synced
 
     @precondition(lambda self: bool(self.log))
     @rule(data=st.data())
@@ -66,6 +79,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.log = self.log[:keep]
         self.next_phys = end
         self.service.truncate(end)
+        self.synced = (0, 0)
 
     @rule()
     def kill(self) -> None:
@@ -74,7 +88,7 @@ class IndexMachine(RuleBasedStateMachine):
             f._mapped.release()
             f.file.close()
         self.service = IndexService(self.root, SLOTS, ENTRIES)
-        self.service.load()
+        self.service.load(self.synced)
         end = self.service.end_phys
         self.service.put(_items([r for r in self.log if r[0] > end and r[1]]), TS)
 

@@ -19,7 +19,7 @@ from evq.net.codes import RequestCode
 from evq.net.headers.admin import ResetOffsetRequest
 from evq.net.protocol import RemotingCommand
 from tests.client.conftest import Served
-from tests.ha.group import free_port
+from tests.processes import free_port
 from tests.strategies import message_queues
 
 tables = st.dictionaries(message_queues(), st.integers(0, 2**63 - 1), max_size=12)

@@ -31,10 +31,9 @@ from evq.net.transport import (
     run,
     split_address,
 )
-from tests.ha.group import free_port
 from tests.net.certs import Pki, make_pki
 from tests.net.test_broker_server import send_fields
-from tests.processes import run_evq, running_evq
+from tests.processes import free_port, run_evq, running_evq
 
 TIMEOUT = 5.0
 WAIT_S = 30.0

@@ -27,6 +27,15 @@ zeroes (after pointing back any slot that names one) and recovery indexes again 
 header's endPhyOffset.  Writing the slots in memory also spares the appending thread a write
 fault on each slot page the last flush cleaned.
 
+Writing the head back is the dear part (under unique keys a second of sends changes nearly
+every page of a 20 MB slot table), so the store does it only every few seconds; the entries,
+20 bytes a key and written in order, reach the disk at every projection round
+(:meth:`IndexFile.sync_entries`), and the store's checkpoint then records how many of the last
+file's entries are on disk.  Opening the file with that count (``relink_to``) links those
+entries into the slots again, in entry order (``slot[hash % N] = i``: each entry's ``prev``
+already names the bucket's head as it was when it was put), so a crash re-indexes from the
+log only what came after the last round, not after the last write-back of the head.
+
 A file's header and slots are allocated when it is created, its entries a chunk ahead of the
 writer (:meth:`~evq.backends.mmapfile.mapped_file.MappedFile.reserve`).
 
@@ -47,9 +56,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from evq import durable_fs
+from evq import durable_fs, logs
 from evq.backends.mmapfile.mapped_file import Allocator, MappedFile, finished_files
 from evq.domain.hashing import index_key_hash
+
+log = logs.get_logger(__name__)
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 40
@@ -156,16 +167,18 @@ class IndexFile:
 
     __slots__ = (
         "_closed", "_cuts", "_dirty", "_durable_count", "_flush_lock", "_image", "_mapped",
-        "_write_lock",
+        "_synced", "_write_lock",
         "base", "begin_phys", "begin_ts", "count", "end_phys", "end_ts", "file", "max_entries",
         "slot", "slots", "slots_used",
     )
 
     def __init__(
         self, path: Path, slots: int, max_entries: int, *, create: bool,
-        file: MappedFile | None = None,
+        file: MappedFile | None = None, relink_to: int = 0,
     ):
-        """``file``: the mapped file at ``path`` if it is already open (pre-built)."""
+        """``file``: the mapped file at ``path`` if it is already open (pre-built).
+        ``relink_to``: how many entries the store's checkpoint says are on disk (see
+        :meth:`_relink`), 0 when it names none of this file's."""
         self.slots = slots
         self.max_entries = max_entries
         self.base = HEADER_SIZE + slots * SLOT_SIZE  # where entry 0 sits
@@ -193,8 +206,12 @@ class IndexFile:
             (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.slots_used,
              self.count) = HEADER.unpack_from(self.file.mm, 0)
             self.count = max(1, min(self.count, max_entries))
+            self._synced = self._durable_count = self.count
+            if relink_to > self.count > 1:  # a header written once: begin_ts is known
+                self._relink(min(relink_to, max_entries))
             self._drop_uncounted()
-        self._durable_count = self.count  # entries below it are on disk
+        self._synced = self.count  # entries below it are on disk
+        self._durable_count = self.count  # the count of the head on disk
         self.file.wrote = size
 
     @property
@@ -238,6 +255,57 @@ class IndexFile:
             slot_value = ENTRY.unpack_from(mm, base + slot_value * ENTRY_SIZE)[3]
         return max(slot_value, 0)
 
+    def _readable_entries(self) -> int:
+        """Entries up to the first hole past the head: reading a hole could allocate (see
+        :mod:`~evq.backends.mmapfile.mapped_file`).  Not ``allocated``, the first hole from
+        the file's start: on ext4 that is usually in the slots, whose blocks are reserved
+        but written only where a write-back changed them."""
+        return (self.file.data_end(self.base) - self.base) // ENTRY_SIZE
+
+    def _relink(self, end: int) -> None:
+        """Count entries up to ``end`` (the checkpoint's: synced before it was written) and
+        link each into its slot, in memory; the head then goes to the file, before
+        :meth:`_drop_uncounted` zeroes what lies past them.
+
+        Stops early at anything a put could not have written (zeros, a log offset going
+        back, a chain pointing forward), and then also leaves out the entries of the last
+        record taken, which may be only some of its keys: the store re-indexes from the log
+        every record past the last entry counted (``end_phys``), each with all its keys."""
+        start = self.count
+        end = min(end, self._readable_entries())
+        if end <= start:
+            return
+        mm, base = self.file.mm, self.base
+        stop, floor = start, self.end_phys
+        with memoryview(mm) as view, view[base + start * ENTRY_SIZE : base + end * ENTRY_SIZE
+                                          ] as entries:
+            for entry in ENTRY.iter_unpack(entries):
+                _, phys, _, prev = entry
+                if not any(entry) or phys < floor or not 0 <= prev < stop:
+                    break
+                stop, floor = stop + 1, phys
+        if stop < end:
+            while stop > start and ENTRY.unpack_from(mm, base + (stop - 1) * ENTRY_SIZE)[1] \
+                    == floor:
+                stop -= 1
+        if stop == start:
+            return
+        self.take_head()
+        slot, slots, dirty = self.slot, self.slots, self._dirty
+        with memoryview(mm) as view, view[base + start * ENTRY_SIZE : base + stop * ENTRY_SIZE
+                                          ] as entries:
+            for i, (h, _, _, prev) in enumerate(ENTRY.iter_unpack(entries), start):
+                s = h % slots
+                slot[s] = i
+                dirty[head_chunk(s)] = 1
+                self.slots_used += prev == 0  # as put_entries counts a slot newly in use
+        _, self.end_phys, diff, _ = ENTRY.unpack_from(mm, base + (stop - 1) * ENTRY_SIZE)
+        self.end_ts = self.begin_ts + diff * 1000  # whole seconds: never later than it was
+        log.info("index_relinked", path=str(self.path), entries=stop - start,
+                 of=end - start, end_phys=self.end_phys)
+        self.count = self._synced = stop
+        self.write_head()
+
     def _drop_uncounted(self) -> None:
         """Forget entries past ``count`` (put after the last flush).  A slot may name one (a
         power cut kept a slot page newer than the header): the next puts would overwrite
@@ -245,7 +313,7 @@ class IndexFile:
         slots go back to their counted heads, on disk before the entries become zeros."""
         mm, slot = self.file.mm, self.slot
         end = self.count
-        readable = (self.file.allocated - self.base) // ENTRY_SIZE  # never read a hole
+        readable = self._readable_entries()
         moved = False
         while end < min(self.max_entries, readable):
             entry = ENTRY.unpack_from(mm, self.base + end * ENTRY_SIZE)
@@ -257,7 +325,10 @@ class IndexFile:
                 moved = True
             end += 1
         if moved:
-            self.file.sync_range(0, self.base)
+            if self._image is not None:  # relinked: the head is in memory
+                self.write_head()
+            else:
+                self.file.sync_range(0, self.base)
         self._zero_entries(self.count, end)
 
     def _zero_entries(self, start: int, end: int) -> None:
@@ -343,6 +414,8 @@ class IndexFile:
         self.take_head()
         self._cuts += 1  # a flush under way now writes nothing: write_head writes it whole
         self.count = count  # _head now follows chains below the new count
+        with self._write_lock:  # after the count: a sync_entries under way sees the cut
+            self._synced = min(self._synced, count)
         for i in range(count, old):
             s = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)[0] % self.slots
             if self.slot[s] >= count:
@@ -396,14 +469,35 @@ class IndexFile:
                     return
                 self._write_head(runs, header, count)
 
+    def sync_entries(self, put_lock: AbstractContextManager[object]) -> int | None:
+        """Put the entries written since the last sync on disk, without the head (a
+        projection round between write-backs: see the module docstring); returns how many
+        entries the file then has on disk, or None when the head must be written back
+        instead: it never was (the file's begin time is not on disk yet), or a truncation
+        or a write-back came between.  Runs where :meth:`flush` runs."""
+        with self._flush_lock:
+            with put_lock:
+                if self._durable_count <= 1:
+                    return None
+                count, cuts = self.count, self._cuts
+            with self._write_lock:
+                if self._closed or self._cuts != cuts:
+                    return None
+                if count > self._synced:
+                    self.file.sync_range(self.base + self._synced * ENTRY_SIZE,
+                                         self.base + count * ENTRY_SIZE)
+                    self._synced = count
+            return count
+
     def _write_head(self, runs: list[tuple[int, bytes | mmap.mmap]], header: bytes, count: int
                     ) -> None:
         """Put entries up to ``count`` on disk, then the head's changed chunks ``runs`` (the
         header bytes in them left out), then ``header``, each before the next: a header on
         disk vouches for every slot page, so a power cut that kept a new header and an old
         slot page cannot hide the entries that slot's newer value names."""
-        at = self.base + min(self._durable_count, count) * ENTRY_SIZE
+        at = self.base + min(self._synced, count) * ENTRY_SIZE
         self.file.sync_range(at, self.base + count * ENTRY_SIZE)
+        self._synced = count
         for at, data in runs:
             with memoryview(data) as view:
                 skip = max(0, HEADER_SIZE - at)
@@ -472,15 +566,24 @@ class IndexService:
         self._spare: Path | None = None  # the pre-built (or being built) next file
         self._spare_at = max(1, int(max_entries * SPARE_AT))
         self._named_ms = 0  # the creation time in the newest file's name
+        self.truncations = 0
+        """How many times :meth:`truncate` ran (under the put lock): the store's checkpoint
+        keeps no count :meth:`sync_entries` returned before one of them."""
 
-    def load(self) -> None:
-        """Open the directory's files.  Those at the end that count no entry were never
-        flushed (their entries, if any, were put after the last flush and are uncounted):
-        they go, and recovery indexes their records again, into files named after the rest."""
+    def load(self, synced: tuple[int, int] = (0, 0)) -> None:
+        """Open the directory's files.  ``synced``: a file's name (as a number) and how many
+        of its entries the store's checkpoint says are on disk (what :meth:`sync_entries`
+        returned), which opening links in again.  Files at the end that
+        count no entry were never flushed (their entries, if any, were put after the last
+        flush and are uncounted): they go, and recovery indexes their records again, into
+        files named after the rest."""
         if self.directory.is_dir():
-            for p in finished_files(self.directory):
-                if p.name.isdigit() and len(p.name) == len(index_file_name(0)):
-                    self.files.append(IndexFile(p, self.slots, self.max_entries, create=False))
+            paths = [p for p in finished_files(self.directory)
+                     if p.name.isdigit() and len(p.name) == len(index_file_name(0))]
+            for p in paths:
+                relink = synced[1] if int(p.name) == synced[0] else 0
+                self.files.append(IndexFile(p, self.slots, self.max_entries, create=False,
+                                            relink_to=relink))
         while self.files and self.files[-1].count <= 1:
             self.files.pop().destroy()
         if self.files:
@@ -576,6 +679,7 @@ class IndexService:
         """Drop the files that start at or beyond the log end, and the entries of the last
         kept file that point there: records later written at those offsets must be indexed
         again (re-dispatch skips offsets up to ``end_phys``), and only once."""
+        self.truncations += 1
         while self.files and (self.files[-1].begin_phys >= log_end or self.files[-1].count <= 1):
             self.files.pop().destroy()
         if self.files:
@@ -586,6 +690,21 @@ class IndexService:
                 if f.in_memory and not f.settled():
                     f.write_head()
             self.files[-1].truncate(log_end)
+
+    def sync_entries(self) -> tuple[int, int] | None:
+        """A projection round between write-backs of the heads: the last file's entries put
+        on disk (:meth:`IndexFile.sync_entries`); returns its name (as a number) and how many
+        entries it has on disk, for the store's checkpoint (``(0, 0)``: nothing to link in
+        after a crash), or None when the heads must be written back now (:meth:`flush`): the
+        last file's never was, or an earlier file filled since the last write-back."""
+        with self._put_lock:
+            if not self.files or not self.files[-1].in_memory:
+                return 0, 0  # the heads on disk are as in memory
+            if any(f.in_memory for f in self.files[:-1]):
+                return None
+            f = self.files[-1]
+        count = f.sync_entries(self._put_lock)
+        return None if count is None else (int(f.path.name), count)
 
     def delete_expired(self, log_min: int) -> int:
         count = 0

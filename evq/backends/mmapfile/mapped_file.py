@@ -152,11 +152,12 @@ def munlock(mm: mmap.mmap) -> None:
         _libc.munlock(_address(mm), len(mm))
 
 
-def _data_end(fd: int, size: int) -> int:
-    """Where the file's first hole starts (its size if it has none): the blocks before it
-    are allocated.  A file system that cannot tell says the whole file is data."""
+def _data_end(fd: int, size: int, start: int = 0) -> int:
+    """Where the file's first hole at or past ``start`` begins (its size if it has none):
+    the blocks from ``start`` to there are allocated.  A file system that cannot tell says
+    the whole file is data."""
     try:
-        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+        return min(size, os.lseek(fd, start, os.SEEK_HOLE))
     except OSError:
         return size
 
@@ -263,6 +264,12 @@ class MappedFile:
         target = min(self.size, -(-end // ALLOCATION_CHUNK) * ALLOCATION_CHUNK)
         disk.allocate_blocks(self.fd, self.allocated, target - self.allocated, self.path)
         self.allocated = target
+
+    def data_end(self, start: int) -> int:
+        """Where the first hole at or past ``start`` begins: what a file whose regions are
+        written apart (an index file's entries, past a head that has holes where slots were
+        never written back) holds from ``start`` on, and may be read without allocating."""
+        return _data_end(self.fd, self.size, start)
 
     def advise_random(self) -> None:
         """No read-ahead on page faults.  A fault on a hole of a sparse file otherwise reads a

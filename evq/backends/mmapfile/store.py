@@ -29,6 +29,7 @@ import mmap
 import os
 import struct
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -134,6 +135,7 @@ class MmapMessageLog(StoreShell):
                                    self._allocator, self.kernels.put_entries, self._put_lock)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
+        self._checkpoint_lock = threading.Lock()  # the projection rounds' and truncations'
         self._index_ts = 0
         """The checkpoint's indexMsgTimestamp: the store time up to which the index was last
         written back (only every ``flush_index_interval_ms`` in the periodic rounds)."""
@@ -189,7 +191,7 @@ class MmapMessageLog(StoreShell):
         self._index_ts = self._checkpoint.index_ts
         self._log.load()
         self._load_consume_queues()
-        self._index.load()
+        self._index.load((self._checkpoint.index_file, self._checkpoint.index_synced))
         return self._recover_log(abnormal)
 
     def _prepare_appends(self) -> None:
@@ -500,6 +502,11 @@ class MmapMessageLog(StoreShell):
             cq.next_offset = cq.max_offset
             cq.correct_min_offset(self._log.min_offset)
         self._index.truncate(end)
+        cp = self._checkpoint
+        if cp is not None and cp.index_synced:
+            with self._checkpoint_lock:  # entries it counts may be zeros from now on
+                cp.index_file = cp.index_synced = 0
+                cp.save()
         return dropped
 
     # --- writing -------------------------------------------------------------------------
@@ -642,27 +649,37 @@ class MmapMessageLog(StoreShell):
     def _flush_projections(self, periodic: bool = False) -> None:
         """A periodic round writes the index head back only every ``flush_index_interval_ms``:
         under unique keys nearly every page of its slot table changes within a second, and
-        copying and writing back 20 MB a second took the loop's time slices (issue 18).  The
-        checkpoint then keeps the index's older time, and a crash re-indexes from where the
-        index on disk ends (:meth:`_recover_log`)."""
+        copying and writing back 20 MB a second took the loop's time slices (issue 18).
+        Between write-backs a round puts the index's new entries on disk and the checkpoint
+        records how many (see :mod:`~evq.backends.mmapfile.index_file`): a crash links them
+        in again, and re-indexes from the log only what came after.  The checkpoint keeps
+        the index's time of the last write-back, where recovery's scan starts at the latest
+        should the entries not be there (:meth:`_recover_log`)."""
         with self._put_lock:
             cqs = list(self._cqs.values())
             last_ts = self._last_store_ts
             durable = self._flusher.durable if self._flusher else 0
+            truncations = self._index.truncations
         for cq in cqs:
             cq.flush()
         now = time.monotonic()
-        if not periodic or now >= self._index_due:
+        synced = self._index.sync_entries() if periodic and now < self._index_due else None
+        if synced is None:
             self._index.flush()
             self._index_due = now + self.config.flush_index_interval_ms / 1000
             self._index_ts = last_ts
+            synced = (0, 0)
         self._new_projection_files.sync()
         cp = self._checkpoint
         if cp is not None:
-            cp.physic_ts = cp.logics_ts = last_ts
-            cp.index_ts = self._index_ts
-            cp.physic_offset = durable
-            cp.save()
+            with self._checkpoint_lock:
+                if self._index.truncations != truncations:
+                    synced = (0, 0)  # what it counted may be gone
+                cp.physic_ts = cp.logics_ts = last_ts
+                cp.index_ts = self._index_ts
+                cp.physic_offset = durable
+                cp.index_file, cp.index_synced = synced
+                cp.save()
 
     def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
         unsubscribe = super().subscribe_dispatch(callback)
