@@ -129,6 +129,19 @@ def _write_sparse(path: Path, data: bytes) -> None:
                 f.write(page)
 
 
+def _crashed_copy(root: Path, case: Path, index: Images, checkpoint: bytes) -> Path:
+    """A copy of the store at ``root`` as a crash left it: its index files ``index`` (written
+    sparse), its checkpoint ``checkpoint``, and the abort marker down."""
+    shutil.copytree(root, case)
+    shutil.rmtree(case / "index")
+    (case / "index").mkdir()
+    for name, data in index.items():
+        _write_sparse(case / "index" / name, data)
+    (case / "checkpoint").write_bytes(checkpoint)
+    (case / "abort").touch()
+    return case
+
+
 def _pieces(images: Images, head: int) -> list[tuple[str, int, int]]:
     """Each index file cut into the pieces a write-back may keep or lose independently: its
     pages, with the header (the first sector's), the slots (up to ``head``) and the entries
@@ -204,14 +217,8 @@ def test_an_index_the_kernel_wrote_back_in_part_loses_no_key(
     assert 0 < len(choices) <= 8, choices
     far = 10**15
     for mask, chosen in enumerate(cases):
-        case = tmp_path / f"case{mask}"
-        shutil.copytree(root, case)
-        shutil.rmtree(case / "index")
-        (case / "index").mkdir()
-        for name, data in _disk(base, newer, chosen).items():
-            _write_sparse(case / "index" / name, data)
-        (case / "checkpoint").write_bytes(checkpoint_then)
-        (case / "abort").touch()
+        case = _crashed_copy(root, tmp_path / f"case{mask}", _disk(base, newer, chosen),
+                             checkpoint_then)
         log = open_log(path=case, **sizes)
         found = len(log.query_keys(STALE, "shared", 1000, 0, far).records)
         assert found == 200, (chosen, found)
@@ -258,14 +265,8 @@ def test_entries_a_round_put_on_disk_between_index_write_backs_are_linked_in_aga
     far = 10**15
     for mask in range(2 ** len(choices)):
         chosen = [p for k, p in enumerate(choices) if mask >> k & 1]
-        case = tmp_path / f"case{mask}"
-        shutil.copytree(root, case)
-        shutil.rmtree(case / "index")
-        (case / "index").mkdir()
-        for name, data in _disk(base, in_cache, chosen).items():
-            _write_sparse(case / "index" / name, data)
-        (case / "checkpoint").write_bytes(checkpoint)
-        (case / "abort").touch()
+        case = _crashed_copy(root, tmp_path / f"case{mask}", _disk(base, in_cache, chosen),
+                             checkpoint)
         with capture_logs() as logs:
             log = open_log(path=case, flush_index_interval_ms=3_600_000, **sizes)
         relinked = [e["entries"] for e in logs if e["event"] == "index_relinked"]

@@ -197,6 +197,8 @@ class IndexFile:
         self._closed = False  # under _write_lock: no write through a descriptor closed since
         self.begin_ts = self.end_ts = self.begin_phys = self.end_phys = 0
         self.slots_used, self.count = 0, 1
+        self._synced = 1  # entries below it are on disk
+        self._durable_count = 1  # the count of the head on disk
         if create:
             self.file.reserve(self.base)
             self.take_head(copy=False)
@@ -208,10 +210,8 @@ class IndexFile:
             self.count = max(1, min(self.count, max_entries))
             self._synced = self._durable_count = self.count
             if relink_to > self.count > 1:  # a header written once: begin_ts is known
-                self._relink(min(relink_to, max_entries))
+                self._relink(min(relink_to, max_entries))  # writes the head: both move on
             self._drop_uncounted()
-        self._synced = self.count  # entries below it are on disk
-        self._durable_count = self.count  # the count of the head on disk
         self.file.wrote = size
 
     @property
@@ -290,6 +290,7 @@ class IndexFile:
                 stop -= 1
         if stop == start:
             return
+        log.info("index_relinking", path=str(self.path), entries=stop - start)
         self.take_head()
         slot, slots, dirty = self.slot, self.slots, self._dirty
         with memoryview(mm) as view, view[base + start * ENTRY_SIZE : base + stop * ENTRY_SIZE
@@ -573,10 +574,10 @@ class IndexService:
     def load(self, synced: tuple[int, int] = (0, 0)) -> None:
         """Open the directory's files.  ``synced``: a file's name (as a number) and how many
         of its entries the store's checkpoint says are on disk (what :meth:`sync_entries`
-        returned), which opening links in again.  Files at the end that
-        count no entry were never flushed (their entries, if any, were put after the last
-        flush and are uncounted): they go, and recovery indexes their records again, into
-        files named after the rest."""
+        returned), which opening links in again.  Files at the end that count no entry were
+        never flushed (their entries, if any, were put after the last flush and are
+        uncounted): they go, and recovery indexes their records again, into files named after
+        the rest."""
         if self.directory.is_dir():
             paths = [p for p in finished_files(self.directory)
                      if p.name.isdigit() and len(p.name) == len(index_file_name(0))]
