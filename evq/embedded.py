@@ -36,11 +36,9 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.delay import DelayLevels
 from evq.domain.filters import parse_subscription
 from evq.domain.hashing import java_hash
-from evq.domain.ids import new_uniq_keys
+from evq.domain.ids import new_uniq_key_run, new_uniq_keys
 from evq.domain.log import Dispatched, MessageLog, StoreUnavailable
 from evq.domain.message import (
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_SEPARATOR,
     Message,
     Prop,
     PropertyError,
@@ -51,7 +49,7 @@ from evq.domain.metadata import MetadataStore
 from evq.domain.record import parse_offset_msg_id
 from evq.domain.retry import send_back
 from evq.domain.schedule import DelayService, TimerService
-from evq.domain.sent import SentEntry, sent_entries
+from evq.domain.sent import KeyedSend, SentEntry, sent_entries
 from evq.domain.transactions import TransactionService
 from evq.meta.sql import SqlMetadataStore
 
@@ -288,7 +286,7 @@ class Broker:
         properties: Mapping[str, str] | None = None,
         delay_level: int = 0,
         deliver_at_ms: int | None = None,
-    ) -> tuple[list[SentEntry], int] | None:
+    ) -> tuple[list[SentEntry] | KeyedSend, int] | None:
         """:meth:`messages`' messages as a send request's entries, and their born time; None
         for a delay or a deliver-at time (they route), or properties the string cannot carry
         (the Message path refuses them, where it always has)."""
@@ -300,14 +298,10 @@ class Broker:
         except PropertyError:
             return None
         now = self.core.clock.now_ms()
-        if Prop.UNIQ_KEY in shared:
-            texts: Iterable[str] = repeat(text)
-        else:  # each message's key, last, as messages() sets it
-            head = f"{text}{Prop.UNIQ_KEY}{NAME_VALUE_SEPARATOR}"
-            texts = [f"{head}{key}{PROPERTY_SEPARATOR}"
-                     for key in new_uniq_keys(now, len(bodies))]
+        if Prop.UNIQ_KEY not in shared:  # each message's key, last, as messages() sets it
+            return KeyedSend(bodies, text, new_uniq_key_run(now, len(bodies))), now
         encoded = [b.encode() if isinstance(b, str) else b for b in bodies]
-        return sent_entries(zip(repeat(0), encoded, texts)), now
+        return sent_entries(zip(repeat(0), encoded, repeat(text))), now
 
     def send_transactional(
         self, topic: str, body: bytes | str, producer_group: str,

@@ -74,6 +74,7 @@ from evq.domain.record import (
     read_fields,
 )
 from evq.domain.sent import (
+    KeyedSend,
     SentEntry,
     body_too_large,
     cluster_property,
@@ -620,7 +621,7 @@ class Broker:
     def put_sent(
         self,
         topic: str,
-        entries: Sequence[SentEntry],
+        entries: Sequence[SentEntry] | KeyedSend,
         *,
         queue_id: int,
         born_timestamp: int,

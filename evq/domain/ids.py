@@ -17,6 +17,8 @@ import itertools
 import os
 import secrets
 
+import attrs
+
 _counters = itertools.count()
 """Every key's counter (the low 16 bits of the next number): ``next`` on it is one C call,
 which no other thread can interleave with, so no lock is taken (one cost three times the rest
@@ -65,10 +67,35 @@ def new_uniq_key(now_ms: int, ip: str = "127.0.0.1") -> str:
 
 
 def new_uniq_keys(now_ms: int, count: int, ip: str = "127.0.0.1") -> list[str]:
-    """``count`` keys for messages made at ``now_ms``: the first 28 hex digits are the same
-    for all of them, so they are formatted once and only the counters per key."""
+    """``count`` keys for messages made at ``now_ms`` (see :class:`UniqKeyRun`)."""
+    return new_uniq_key_run(now_ms, count, ip).as_list()
+
+
+@attrs.frozen(slots=True)
+class UniqKeyRun:
+    """Keys made together: the first 28 hex digits are the same for all of them (formatted
+    once), the counters run on from ``first``.  The compiled send path formats each key
+    itself (``keyed_records`` in evq/domain/record_kernels.pyx, checked against
+    :meth:`as_list`), without a str per key in between."""
+
+    head: str
+    first: int
+    count: int
+
+    def as_list(self) -> list[str]:
+        head = self.head
+        return [head + _counter_hex(n) for n in range(self.first, self.first + self.count)]
+
+
+def new_uniq_key_run(now_ms: int, count: int, ip: str = "127.0.0.1") -> UniqKeyRun:
+    """``count`` keys for messages made at ``now_ms``, as a :class:`UniqKeyRun`."""
     head = _head(now_ms, ip)
-    return [head + _counter_hex(n) for n in itertools.islice(_counters, count)]
+    if count <= 0:
+        return UniqKeyRun(head, 0, 0)
+    # The counters of the run are taken in one C call (islice steps the count in C), so no
+    # other thread takes one in between: they are consecutive.
+    last = next(itertools.islice(_counters, count - 1, None))
+    return UniqKeyRun(head, last - count + 1, count)
 
 
 def _counter_hex(n: int) -> str:

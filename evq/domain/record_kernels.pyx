@@ -21,6 +21,7 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from evq.byte_order cimport get16, get32, get64, put32, put64
 from libc.stdint cimport (
@@ -31,13 +32,20 @@ from libc.stdio cimport snprintf
 from libc.string cimport memchr, memcmp, memcpy, memset
 
 import zlib
+from types import MemberDescriptorType
 
 from evq.domain import checksum
 
 cdef extern from "Python.h":
     ctypedef int (*descrsetfunc)(PyObject*, PyObject*, PyObject*) except -1
+    ctypedef object (*allocfunc)(void*, Py_ssize_t)
     ctypedef struct TypeSlots "PyTypeObject":
         descrsetfunc tp_descr_set
+        allocfunc tp_alloc
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
     TypeSlots* type_of "Py_TYPE"(object)
     object PyNumber_Index(object)
     enum: PyBUF_READ
@@ -74,7 +82,7 @@ cdef type Fields = None
 cdef type PutRecord = None
 cdef list message_slots = []  # each class's slot descriptors, in the order set below
 cdef list fields_slots = []
-cdef list put_record_slots = []
+cdef Py_ssize_t PUT_RECORD_AT[7]  # where a PutRecord keeps each field, in the order set below
 cdef object ip_text = None  # bytes -> str, the pure module's cached ipaddress round trip
 cdef object encode_properties = None
 
@@ -102,8 +110,11 @@ def bind(*, record_error, message, fields, put_record, host_text, properties_tex
     fields_slots[:] = _slots(fields, (
         "size", "queue_id", "queue_offset", "physical_offset", "sysflag", "store_timestamp",
         "topic", "properties", "crc_ok"))
-    put_record_slots[:] = _slots(put_record, (
-        "data", "topic", "queue_id", "sysflag", "tags_code", "keys", "key_hashes"))
+    for k, descriptor in enumerate(_slots(put_record, (
+            "data", "topic", "queue_id", "sysflag", "tags_code", "keys", "key_hashes"))):
+        if type(descriptor) is not MemberDescriptorType:
+            raise RuntimeError(f"PutRecord's fields are no longer slots: {descriptor!r}")
+        PUT_RECORD_AT[k] = (<PyMemberDescrObject*>descriptor).d_member.offset
 
 
 cdef list _slots(type cls, tuple names):
@@ -609,17 +620,21 @@ def offset_msg_ids(bytes store_host not None, offsets):
 
 # Bound by bind_sent(): the names the path looks for, and the refusals it raises.
 cdef bytes WAIT_NAME = b"", TAGS_NAME = b"", KEYS_NAME = b"", UNIQ_KEY_NAME = b""
+cdef str UNIQ_KEY_TEXT = ""
+cdef type KeyedSend = None
 cdef tuple routed_names = ()
 cdef object body_too_large = None  # (size, limit) -> the exception to raise
 cdef object properties_too_long = None  # () -> the exception to raise
 cdef uint32_t crc_table[256]
 
 
-def bind_sent(*, routed, wait, tags, keys, uniq_key, body_error, properties_error) -> None:
-    """Hand the plain path the property names it acts on and the refusals it raises (called
-    once by evq.domain.sent)."""
-    global WAIT_NAME, TAGS_NAME, KEYS_NAME, UNIQ_KEY_NAME, routed_names
-    global body_too_large, properties_too_long
+def bind_sent(*, routed, wait, tags, keys, uniq_key, body_error, properties_error,
+              keyed_send) -> None:
+    """Hand the plain path the property names it acts on, the refusals it raises and the
+    KeyedSend class it reads (called once by evq.domain.sent)."""
+    global WAIT_NAME, TAGS_NAME, KEYS_NAME, UNIQ_KEY_NAME, UNIQ_KEY_TEXT, routed_names
+    global body_too_large, properties_too_long, KeyedSend
+    UNIQ_KEY_TEXT, KeyedSend = uniq_key, keyed_send
     routed_names = tuple(sorted(name.encode() for name in routed))
     WAIT_NAME, TAGS_NAME, KEYS_NAME = wait.encode(), tags.encode(), keys.encode()
     UNIQ_KEY_NAME = uniq_key.encode()
@@ -814,103 +829,238 @@ cdef tuple index_keys(const Parsed* e, bint rolled_back, uint32_t seed):
     return tuple(keys), tuple(hashes)
 
 
+cdef struct Terms:
+    # What every record of one send shares: its topic, the CLUSTER entry appended to its
+    # properties, the index keys' hash seed, and the header fields that are the call's (the
+    # queue, born time and host, store host, reconsume times), checked once, by the first
+    # record, in struct's order among its own fields: the same error first.
+    const uint8_t* topic_raw
+    Py_ssize_t topic_size
+    const uint8_t* cluster
+    Py_ssize_t cluster_size
+    uint32_t seed
+    bint checked
+    uint8_t header[HEADER_V4_SIZE]
+
+
+cdef int read_terms(Terms* t, str topic, str cluster_entry) except -1:
+    """``t`` for a send to ``topic`` (False: the cluster entry cannot be stored, no plain
+    path)."""
+    try:
+        t.cluster = <const uint8_t*>PyUnicode_AsUTF8AndSize(cluster_entry, &t.cluster_size)
+    except UnicodeEncodeError:
+        return False
+    t.topic_raw = <const uint8_t*>PyUnicode_AsUTF8AndSize(topic, &t.topic_size)
+    t.seed = crc32_more(crc32_more(0, t.topic_raw, t.topic_size), <const uint8_t*>b"#", 1)
+    t.checked = False
+    memset(t.header, 0, HEADER_V4_SIZE)
+    put32(t.header + 4, <uint32_t>MAGIC_V1)
+    return True
+
+
+cdef bytes record_data(Terms* t, const Parsed* e, object body, object flag, object sysflag,
+                       object queue_id, object born_timestamp, object born_host,
+                       object store_host, object reconsume_times, int32_t* sysflag_value):
+    """The stored record of one plain message (evq.domain.record.pack_v4 of what
+    evq.domain.sent.plain_message keeps), written straight into its bytes; its SYSFLAG as
+    sent in ``sysflag_value``."""
+    cdef Py_ssize_t plen = e.stored_size, size, body_size
+    cdef const uint8_t* body_data
+    cdef Reader reader = None
+    cdef uint8_t* h = t.header
+    cdef uint8_t* o
+    cdef int32_t flag_value
+    if plen > MAX_PROPERTIES_BYTES:
+        raise properties_too_long()
+    if PyBytes_CheckExact(body):
+        body_data, body_size = <const uint8_t*>PyBytes_AS_STRING(body), len(<bytes>body)
+    else:
+        reader = Reader(body)
+        body_data, body_size = reader.b.data, reader.b.size
+    size = HEADER_V4_SIZE + body_size + 1 + t.topic_size + 2 + plen
+    if size > INT32_MAX:
+        raise struct_error(f"argument out of range: {size}")
+    put32(h, <uint32_t>size)
+    put32(h + 8, <uint32_t>(crc32(body) & 0x7FFFFFFF))
+    # Each field checked as struct checks it, in its order: the same error first.
+    if not t.checked:
+        put32(h + 12, <uint32_t>integer(queue_id, INT32_MIN, INT32_MAX))
+    flag_value = <int32_t>integer(flag, INT32_MIN, INT32_MAX)
+    sysflag_value[0] = <int32_t>integer(sysflag, INT32_MIN, INT32_MAX)
+    if not t.checked:
+        put64(h + 40, <uint64_t>integer(born_timestamp, INT64_MIN, INT64_MAX))
+        host_field(h + 48, born_host)
+        host_field(h + 64, store_host)
+        put32(h + 72, <uint32_t>integer(reconsume_times, INT32_MIN, INT32_MAX))
+        if t.topic_size > 127:
+            raise IndexError("list index out of range")  # the pure twin's length-byte table
+        t.checked = True
+    put32(h + 16, <uint32_t>flag_value)
+    put32(h + 36, <uint32_t>(sysflag_value[0] & ~(BORNHOST_V6 | STOREHOST_V6)))
+    put32(h + 84, <uint32_t>body_size)
+    data = PyBytes_FromStringAndSize(NULL, size)
+    o = <uint8_t*>PyBytes_AS_STRING(data)
+    memcpy(o, h, HEADER_V4_SIZE)
+    o += HEADER_V4_SIZE
+    memcpy(o, body_data, body_size)
+    o += body_size
+    o[0] = <uint8_t>t.topic_size
+    memcpy(o + 1, t.topic_raw, t.topic_size)
+    o += 1 + t.topic_size
+    o[0] = <uint8_t>(plen >> 8)
+    o[1] = <uint8_t>plen
+    put_stored_properties(o + 2, e, t.cluster, t.cluster_size)
+    return data
+
+
+cdef inline void set_new(object obj, Py_ssize_t at, object value) noexcept:
+    """Set a slot of an object just made (the slot is empty, nothing to release)."""
+    Py_INCREF(value)
+    (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
+
+
+cdef object new_put_record(object data, object topic, object queue_id, object sysflag,
+                           object tags_code, object keys, object hashes):
+    """``PutRecord(...)``, allocated by its type and its slots set directly (see
+    PUT_RECORD_AT): one is built per message sent."""
+    r = (<TypeSlots*>PutRecord).tp_alloc(<void*>PutRecord, 0)
+    set_new(r, PUT_RECORD_AT[0], data)
+    set_new(r, PUT_RECORD_AT[1], topic)
+    set_new(r, PUT_RECORD_AT[2], queue_id)
+    set_new(r, PUT_RECORD_AT[3], sysflag)
+    set_new(r, PUT_RECORD_AT[4], tags_code)
+    set_new(r, PUT_RECORD_AT[5], keys)
+    set_new(r, PUT_RECORD_AT[6], hashes)
+    return r
+
+
+cdef inline void offer_gil(Py_ssize_t i) noexcept:
+    if i & YIELD_EVERY_MASK == YIELD_EVERY_MASK:
+        # A large batch's records are made in a worker thread (evq.net.execution): let a
+        # thread waiting for the GIL (the event loop) in every few thousand records, or it
+        # waits out the whole batch (265 ms for 190,650 empty ones).
+        with nogil:
+            pass
+
+
 def plain_records(sent, str topic, queue_id, born_timestamp, born_host, store_host,
                   reconsume_times, str cluster_entry, Py_ssize_t max_body):
     """evq.domain.sent.plain_records, compiled."""
+    if type(sent) is KeyedSend:
+        return keyed_records(sent, topic, queue_id, born_timestamp, born_host, store_host,
+                             reconsume_times, cluster_entry, max_body)
     # Our own list: it keeps every entry (and the strings ``parsed`` points into) alive while
     # the CRC function releases the GIL on a large body, and another thread may then change
     # the caller's.
     cdef list entries = list(sent)
-    cdef Py_ssize_t count = len(entries), i, cluster_size, topic_size, plen, size
-    cdef const uint8_t* cluster
-    cdef const uint8_t* topic_raw
+    cdef Py_ssize_t count = len(entries), i, size
     cdef Parsed* parsed
     cdef Parsed* e
     cdef tuple entry
-    cdef Reader body
-    cdef uint8_t header[HEADER_V4_SIZE]
-    cdef uint8_t* o
+    cdef Terms t
     cdef int32_t sysflag
-    cdef uint32_t seed
     cdef bint wait = False
     cdef list records = []
-    cdef list s = put_record_slots
-    try:
-        cluster = <const uint8_t*>PyUnicode_AsUTF8AndSize(cluster_entry, &cluster_size)
-    except UnicodeEncodeError:
+    if not read_terms(&t, topic, cluster_entry):
         return None
     parsed = <Parsed*>PyMem_Malloc(count * sizeof(Parsed) + 1)
     if parsed == NULL:
         raise MemoryError()
     try:
         for i in range(count):
-            if not read_plain((<tuple?>entries[i])[3], &parsed[i], cluster_size):
+            if not read_plain((<tuple?>entries[i])[3], &parsed[i], t.cluster_size):
                 return None
             wait |= parsed[i].wait
         for i in range(count):
             size = len((<tuple>entries[i])[1])
             if size > max_body:
                 raise body_too_large(size, max_body)
-        topic_raw = <const uint8_t*>PyUnicode_AsUTF8AndSize(topic, &topic_size)
-        seed = crc32_more(crc32_more(0, topic_raw, topic_size), <const uint8_t*>b"#", 1)
-        put32(header + 4, <uint32_t>MAGIC_V1)
-        put64(header + 20, 0)
-        put64(header + 28, 0)
         for i in range(count):
-            if i & YIELD_EVERY_MASK == YIELD_EVERY_MASK:
-                # A large batch's records are made in a worker thread (evq.net.execution):
-                # let a thread waiting for the GIL (the event loop) in every few thousand
-                # records, or it waits out the whole batch (265 ms for 190,650 empty ones).
-                with nogil:
-                    pass
+            offer_gil(i)
             e = &parsed[i]
             entry = <tuple>entries[i]
-            plen = e.stored_size
-            if plen > MAX_PROPERTIES_BYTES:
-                raise properties_too_long()
-            body = Reader(entry[1])
-            size = HEADER_V4_SIZE + body.b.size + 1 + topic_size + 2 + plen
-            if size > INT32_MAX:
-                raise struct_error(f"argument out of range: {size}")
-            put32(header, <uint32_t>size)
-            put32(header + 8, <uint32_t>(crc32(entry[1]) & 0x7FFFFFFF))
-            # Each field checked as struct checks it, in its order: the same error first.
-            put32(header + 12, <uint32_t>integer(queue_id, INT32_MIN, INT32_MAX))
-            put32(header + 16, <uint32_t>integer(entry[0], INT32_MIN, INT32_MAX))
-            sysflag = <int32_t>integer(entry[2], INT32_MIN, INT32_MAX)
-            put32(header + 36, <uint32_t>(sysflag & ~(BORNHOST_V6 | STOREHOST_V6)))
-            put64(header + 40, <uint64_t>integer(born_timestamp, INT64_MIN, INT64_MAX))
-            host_field(header + 48, born_host)
-            put64(header + 56, 0)
-            host_field(header + 64, store_host)
-            put32(header + 72, <uint32_t>integer(reconsume_times, INT32_MIN, INT32_MAX))
-            put64(header + 76, 0)
-            put32(header + 84, <uint32_t>body.b.size)
-            if topic_size > 127:
-                raise IndexError("list index out of range")  # the pure twin's length-byte table
-            data = PyBytes_FromStringAndSize(NULL, size)
-            o = <uint8_t*>PyBytes_AS_STRING(data)
-            memcpy(o, header, HEADER_V4_SIZE)
-            o += HEADER_V4_SIZE
-            memcpy(o, body.b.data, body.b.size)
-            o += body.b.size
-            o[0] = <uint8_t>topic_size
-            memcpy(o + 1, topic_raw, topic_size)
-            o += 1 + topic_size
-            o[0] = <uint8_t>(plen >> 8)
-            o[1] = <uint8_t>plen
-            put_stored_properties(o + 2, e, cluster, cluster_size)
+            data = record_data(&t, e, entry[1], entry[0], entry[2], queue_id, born_timestamp,
+                               born_host, store_host, reconsume_times, &sysflag)
             keys, hashes = index_keys(
-                e, (sysflag & TRANSACTION_MASK) == TRANSACTION_ROLLBACK_TYPE, seed)
-            r = object_new(PutRecord)
-            set_slot(s[0], r, data)
-            set_slot(s[1], r, topic)
-            set_slot(s[2], r, queue_id)
-            set_slot(s[3], r, entry[2])
-            set_slot(s[4], r, java_hash_utf8(e.tags.at, e.tags.size) if e.tags.at != NULL else 0)
-            set_slot(s[5], r, keys)
-            set_slot(s[6], r, hashes)
-            records.append(r)
+                e, (sysflag & TRANSACTION_MASK) == TRANSACTION_ROLLBACK_TYPE, t.seed)
+            records.append(new_put_record(
+                data, topic, queue_id, entry[2],
+                java_hash_utf8(e.tags.at, e.tags.size) if e.tags.at != NULL else 0,
+                keys, hashes))
         return records, wait
     finally:
         PyMem_Free(parsed)
+
+
+cdef object keyed_records(object sent, str topic, queue_id, born_timestamp, born_host,
+                          store_host, reconsume_times, str cluster_entry, Py_ssize_t max_body):
+    """plain_records of a KeyedSend (evq.domain.sent), read as it is: its properties string,
+    with the first key, is read once, and each message's differs from it only in the key's
+    last four hex digits (its counter), written into one copy of the string in turn; the
+    index keys of the shared KEYS are split and hashed once."""
+    cdef list bodies = [b.encode() if isinstance(b, str) else b for b in sent.bodies]
+    cdef Py_ssize_t count = len(bodies), i, size, at
+    cdef Parsed e
+    cdef Terms t
+    cdef uint8_t* text
+    cdef unsigned long first
+    cdef int32_t sysflag
+    cdef list records = []
+    run = sent.keys
+    if count != run.count:
+        raise ValueError(f"{count} bodies for {run.count} keys")
+    if count == 0:  # as the pure path finds nothing to read, it only encodes the topic
+        topic.encode()
+        return [], False
+    if not read_terms(&t, topic, cluster_entry):
+        return None
+    first = (run.first & 0xFFFF)
+    head = f"{sent.text}{UNIQ_KEY_TEXT}\x01{run.head}{counter_hex(first)}\x02"
+    if not read_plain(head, &e, t.cluster_size):
+        return None
+    # Our own copy of the string, which ``e`` then reads: each message's counter goes in it,
+    # before the last separator.  The counter is in the last entry's value, and that entry is
+    # UNIQ_KEY's, or (a shared string without its last separator) one whose name ends in
+    # UNIQ_KEY, which the index does not read.
+    own = PyBytes_FromStringAndSize(<const char*>e.text, e.size)
+    text = <uint8_t*>PyBytes_AS_STRING(own)
+    at = e.size - 5
+    e.tags.at = text + (e.tags.at - e.text) if e.tags.at != NULL else NULL
+    e.keys.at = text + (e.keys.at - e.text) if e.keys.at != NULL else NULL
+    e.uniq_key.at = text + (e.uniq_key.at - e.text) if e.uniq_key.at != NULL else NULL
+    e.text = text
+    sysflags = [COMPRESSED if len(b) >= COMPRESS_OVER else 0 for b in bodies]
+    bodies = [compress(b, 5) if f else b for b, f in zip(bodies, sysflags)]
+    for i in range(count):
+        size = len(bodies[i])
+        if size > max_body:
+            raise body_too_large(size, max_body)
+    tags = java_hash_utf8(e.tags.at, e.tags.size) if e.tags.at != NULL else 0
+    shared_keys, shared_hashes = index_keys(&e, False, t.seed)
+    keys, hashes = list(shared_keys), list(shared_hashes)  # the UNIQ_KEY first, if any
+    for i in range(count):
+        offer_gil(i)
+        put_counter(text + at, first + i)
+        data = record_data(&t, &e, bodies[i], 0, sysflags[i], queue_id, born_timestamp,
+                           born_host, store_host, reconsume_times, &sysflag)
+        if e.uniq_key.at != NULL:
+            keys[0] = utf8(e.uniq_key.at, e.uniq_key.size)
+            hashes[0] = crc32_more(t.seed, e.uniq_key.at, e.uniq_key.size) & 0x7FFFFFFF
+            shared_keys, shared_hashes = tuple(keys), tuple(hashes)
+        records.append(new_put_record(data, topic, queue_id, sysflags[i], tags, shared_keys,
+                                      shared_hashes))
+    return records, e.wait
+
+
+cdef void put_counter(uint8_t* p, unsigned long n) noexcept:
+    """The four hex digits of a key's counter (evq.domain.ids._counter_hex: its low 16 bits)."""
+    p[0] = HEX_DIGITS[(n >> 12) & 0xF]
+    p[1] = HEX_DIGITS[(n >> 8) & 0xF]
+    p[2] = HEX_DIGITS[(n >> 4) & 0xF]
+    p[3] = HEX_DIGITS[n & 0xF]
+
+
+cdef str counter_hex(unsigned long n):
+    cdef char digits[4]
+    put_counter(<uint8_t*>digits, n)
+    return digits[:4].decode("ascii")

@@ -16,7 +16,7 @@ plain path must refuse (return None) whenever it is not sure.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import Final
 
@@ -25,6 +25,7 @@ import attrs
 from evq.domain import sysflag as sf
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.hashing import tags_code
+from evq.domain.ids import UniqKeyRun
 from evq.domain.message import (
     COMPRESS_OVER,
     MAX_PROPERTIES_BYTES,
@@ -148,14 +149,49 @@ def sent_entries(messages: Iterable[tuple[int, bytes, str]], sysflag: int = 0
             for flag, b, props in messages]
 
 
+@attrs.frozen(slots=True)
+class KeyedSend:
+    """The messages of a send that share one properties string but for the UNIQ_KEY each
+    carries last: an embedded producer's batch (:meth:`evq.embedded.Broker.send_batch`), whose
+    properties are the call's and whose keys are made together.  It stands for its
+    :meth:`entries` wherever a send's entries go (it has their length and iterates as them);
+    the compiled plain path reads it as it is, one properties string and one key run, and
+    builds no entry, no string and no property map per message."""
+
+    bodies: Sequence[bytes | str]
+    """As the caller gave them: text is stored as UTF-8, as a producer encodes it."""
+    text: str
+    """The shared properties string (every entry ends in its separator), UNIQ_KEY not among
+    them."""
+    keys: UniqKeyRun
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.bodies) != self.keys.count:
+            raise ValueError(f"{len(self.bodies)} bodies for {self.keys.count} keys")
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def __iter__(self) -> Iterator[SentEntry]:
+        return iter(self.entries())
+
+    def entries(self) -> list[SentEntry]:
+        """The send's entries, as :func:`sent_entries` makes a producer's."""
+        head = f"{self.text}{Prop.UNIQ_KEY}{NAME_VALUE_SEPARATOR}"
+        return sent_entries(zip(
+            repeat(0), [b.encode() if isinstance(b, str) else b for b in self.bodies],
+            [f"{head}{key}{PROPERTY_SEPARATOR}" for key in self.keys.as_list()]))
+
+
 PlainRecords = tuple[list[PutRecord], bool]
 """The records of a send the plain path took, and whether its producer waits for the store
 (:func:`~evq.domain.message.waits_for_store` of any of its messages as sent)."""
 
 
-def plain_records(entries: Sequence[SentEntry], topic: str, queue_id: int, born_timestamp: int,
-                  born_host: bytes, store_host: bytes, reconsume_times: int,
-                  cluster_entry: str, max_body: int) -> PlainRecords | None:
+def plain_records(entries: Sequence[SentEntry] | KeyedSend, topic: str, queue_id: int,
+                  born_timestamp: int, born_host: bytes, store_host: bytes,
+                  reconsume_times: int, cluster_entry: str, max_body: int
+                  ) -> PlainRecords | None:
     """A send's records for the log when every message needs no routing (see
     :func:`plain_message`), else None; the caller has resolved the queue and checked the
     topic, and hands the IPv4 hosts as stored.  Bodies over ``max_body`` are refused, then
@@ -199,7 +235,7 @@ PURE_SENT = SentPath(sent_batch, plain_records)
 if KERNELS is not None:
     KERNELS.bind_sent(routed=ROUTED, wait=Prop.WAIT, tags=Prop.TAGS, keys=Prop.KEYS,
                       uniq_key=Prop.UNIQ_KEY, body_error=body_too_large,
-                      properties_error=properties_too_long)
+                      properties_error=properties_too_long, keyed_send=KeyedSend)
 COMPILED_SENT = None if KERNELS is None else SentPath(KERNELS.sent_batch, KERNELS.plain_records)
 """The compiled send path, or None where the kernels are not built or not wanted."""
 SENT = COMPILED_SENT or PURE_SENT

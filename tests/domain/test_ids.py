@@ -8,7 +8,7 @@ import itertools
 import os
 import threading
 
-from evq.domain.ids import new_uniq_key, new_uniq_keys
+from evq.domain.ids import new_uniq_key, new_uniq_key_run, new_uniq_keys
 
 NOW = int(dt.datetime(2026, 11, 26, 10, 0, 0, 123_000, dt.UTC).timestamp() * 1000)
 MONTH_START = int(dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp() * 1000)
@@ -41,6 +41,13 @@ def test_the_counter_wraps_at_16_bits_inside_a_batch() -> None:
     assert all(b == (a + 1) % 0x10000 for a, b in itertools.pairwise(counters))
     assert len(set(keys[:0x10000])) == 0x10000
     assert keys[0x10000] == keys[0]
+
+
+def test_a_run_of_no_keys_takes_no_counter() -> None:
+    before = new_uniq_key(NOW)
+    empty = new_uniq_key_run(NOW, 0)
+    assert empty.count == 0 and empty.as_list() == []
+    assert _counter(new_uniq_key(NOW)) == (_counter(before) + 1) % 0x10000
 
 
 def test_a_forked_child_makes_keys_of_its_own_in_the_same_millisecond() -> None:

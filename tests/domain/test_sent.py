@@ -20,6 +20,7 @@ from evq.domain import sysflag as sf
 from evq.domain import topics as tp
 from evq.domain.broker import Broker, SendResult
 from evq.domain.codes import BrokerError
+from evq.domain.ids import UniqKeyRun
 from evq.domain.message import (
     COMPRESS_OVER,
     MAX_PROPERTIES_BYTES,
@@ -43,6 +44,7 @@ from evq.domain.sent import (
     PURE_SENT,
     ROUTED,
     SENT,
+    KeyedSend,
     SentEntry,
     SentPath,
     cluster_property,
@@ -164,7 +166,7 @@ BORN = b"\x7f\x00\x00\x01\x00\x00\x30\x39"
 STORE = b"\x0a\x00\x00\x07\x00\x00\x27\x11"
 
 
-def _plain(path: SentPath, sent: list[SentEntry], **overrides: Any) -> object:
+def _plain(path: SentPath, sent: list[SentEntry] | KeyedSend, **overrides: Any) -> object:
     """``path.plain_records`` of ``sent`` for a default target, each argument overridable."""
     args: dict[str, Any] = {
         "topic": "T", "queue_id": 1, "born_timestamp": 1_700_000_000_000, "born_host": BORN,
@@ -326,6 +328,42 @@ def test_the_compiled_plain_path_matches_the_pure_one(
     event("routed" if expected is None else "plain" if isinstance(expected[0], list)  # type: ignore[index]
           else "refused or raised")
     assert _plain(COMPILED_SENT, sent, **args) == expected
+
+
+@settings(max_examples=500)
+@given(
+    text=property_texts() | plain_texts(),
+    sent_bodies=st.lists(
+        st.binary(max_size=MAX_BODY + 64) | st.binary(max_size=64).map(bytearray)
+        | st.text(max_size=8) | st.sampled_from([b"z" * COMPRESS_OVER, "z" * COMPRESS_OVER]),
+        max_size=4),
+    head=st.text(max_size=30) | st.sampled_from(["0A0102030D2F9C1E77A01234ABCDEF01"[:28]]),
+    first=st.integers(0, 2**64) | st.sampled_from([0xFFFE, 0xFFFF, 0x10000]),
+    send_topic=codec_topics | st.just("t" * 128),
+    cluster=st.text(_NO_SEPARATOR_CHARS, max_size=12).map(lambda c: cluster_property(c) or ""),
+    max_body=st.sampled_from((0, 16, MAX_BODY, 1 << 20)),
+)
+@example(text="", sent_bodies=[b"a", b"b"], head="H", first=0xFFFF, send_topic="T",
+         cluster=CLUSTER, max_body=MAX_BODY)
+@example(text=f"WAIT\x01false\x02TAGS\x01{_ASTRAL_TAGS}\x02KEYS\x01 a  \u00e9 \x02",
+         sent_bodies=["x", b"y" * (COMPRESS_OVER + 1)], head="H", first=7, send_topic="T",
+         cluster=CLUSTER, max_body=MAX_BODY)
+def test_a_keyed_send_stores_what_its_entries_store(
+    text: str, sent_bodies: list[bytes | str], head: str, first: int, send_topic: str,
+    cluster: str, max_body: int,
+) -> None:
+    """An embedded batch (one properties string, a UNIQ_KEY each) read as it is by the
+    compiled path gives what the pure path gives for its entries, one string per message:
+    any shared string (a UNIQ_KEY or a routing name among them sends it the Message way),
+    any key head, counters across the 16-bit wrap, bodies compressed at the threshold and
+    past the largest."""
+    keyed = KeyedSend(sent_bodies, text, UniqKeyRun(head, first, len(sent_bodies)))
+    args = {"topic": send_topic, "cluster_entry": cluster, "max_body": max_body}
+    expected = _plain(PURE_SENT, keyed.entries(), **args)
+    event("routed" if expected is None else "plain" if isinstance(expected[0], list)  # type: ignore[index]
+          else "refused or raised")
+    for path in PATHS:
+        assert _plain(path, keyed, **args) == expected  # type: ignore[arg-type]
 
 
 @given(body=st.lists(st.tuples(int32s, st.binary(max_size=64) | st.sampled_from(
