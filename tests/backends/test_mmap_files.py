@@ -317,6 +317,53 @@ def test_the_allocator_keeps_tens_of_megabytes_warm_ahead_of_the_writer(tmp_path
         mf.close()
 
 
+def test_the_allocator_allocates_the_blocks_it_warms_so_the_writer_allocates_none(
+    tmp_path: Path,
+) -> None:
+    """The writer's own fallocate waited for the warming thread's faults in the same file:
+    the blocks ahead are allocated in the background with the pages."""
+    path = tmp_path / "00000000000000000000"
+    mf = MappedFile(path, 0, (WARM_AHEAD + 2) * WARM_CHUNK, create=True,
+                    allocate=ALLOCATION_CHUNK)
+    allocator = Allocator()
+    try:
+        allocator.warm_ahead(mf, WARM_CHUNK // 2)
+        allocator.prefetch(mf)  # allocated before built: once take has it, so are the blocks
+        allocator.take(tmp_path / segment_name(mf.end), mf.end, mf.size).destroy()
+        ahead = (WARM_AHEAD + 1) * WARM_CHUNK
+        assert mf.allocated == ahead
+        assert os.fstat(mf.fd).st_blocks * 512 >= ahead
+        mf.reserve(ahead)  # nothing left to allocate
+        assert mf.allocated == ahead
+    finally:
+        allocator.close()
+        mf.close()
+
+
+def test_a_file_closed_before_the_allocator_reaches_it_is_left_alone(tmp_path: Path) -> None:
+    """A warm request outlives the file it was made for (a segment cut or removed): its fd
+    number may belong to another file by then, which must not be allocated through it."""
+    mf = MappedFile(tmp_path / "00000000000000000000", 0, 4 * WARM_CHUNK, create=True)
+    allocator = Allocator()
+    allocator._lock.acquire()  # hold the thread off until the file is closed
+    try:
+        allocator.warm_ahead(mf, 0)
+        mf.close()
+        other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+        assert other == mf.fd  # the number is reused, as the kernel hands out the lowest
+    finally:
+        allocator._lock.release()
+    try:
+        allocator.prefetch(mf)
+        allocator.take(tmp_path / segment_name(mf.end), mf.end, mf.size).destroy()
+        assert os.fstat(other).st_size == 0 and os.fstat(other).st_blocks == 0
+        with pytest.raises(ValueError, match="closed"):
+            mf.reserve(2 * ALLOCATION_CHUNK)
+    finally:
+        allocator.close()
+        os.close(other)
+
+
 def test_a_store_warms_where_its_appends_go_when_it_opens(tmp_path: Path) -> None:
     """Before its first append, so that the first burst after a start does not race the
     warming (it did: the first warm request came with the first append)."""
