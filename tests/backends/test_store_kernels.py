@@ -126,23 +126,50 @@ def pools(draw: st.DrawFn, store_v6: bool) -> Pools:
 
 
 @st.composite
-def put_records(draw: st.DrawFn, pool: Pools, max_body: int) -> PutRecord:
-    """A record of the workload's topics, four queues, with 0 to 4 keys and maybe a unique
-    key, any transaction type, any host families."""
+def put_records(draw: st.DrawFn, pool: Pools, max_body: int,
+                place: tuple[str, int] | None = None) -> PutRecord:
+    """A record of the workload's topics, four queues (or of ``place``: its topic and queue),
+    with 0 to 4 keys and maybe a unique key, any transaction type, any host families.  Now and
+    then its topic is a string equal to the pool's but another object: the compiled loop
+    knows a run's queue by its topic's and queue id's identity, and must find an equal one's
+    as the dictionary does."""
     props: dict[str, str] = {}
     if draw(st.booleans()):
         props[Prop.UNIQ_KEY] = draw(st.sampled_from(pool.words))
     body = bytes(draw(st.integers(0, max_body) | st.integers(max_body // 3, max_body)))
     words = draw(st.lists(st.sampled_from(pool.words), max_size=4))
+    topic, queue_id = place or (draw(st.sampled_from(pool.topics)), draw(st.integers(0, 3)))
     m = new_message(
-        draw(st.sampled_from(pool.topics)), body,
+        topic, body,
         tags=draw(st.none() | st.sampled_from(pool.tags)), keys=" ".join(words) or None,
         properties=props, compress_over=None,
     )
-    m = attrs.evolve(m, queue_id=draw(st.integers(0, 3)), sysflag=m.sysflag | draw(sysflags()),
+    m = attrs.evolve(m, queue_id=queue_id, sysflag=m.sysflag | draw(sysflags()),
                      born_host=draw(st.sampled_from(pool.born_hosts)),
                      store_host=draw(st.sampled_from(pool.store_hosts)))
-    return put_record(m)
+    r = put_record(m)
+    if draw(st.integers(0, 7)) == 0:
+        r = attrs.evolve(r, topic=r.topic.encode().decode())  # (one character: the same)
+    return r
+
+
+@st.composite
+def record_batches(draw: st.DrawFn, pool: Pools) -> list[PutRecord]:
+    """8 to 32 records, each to any queue, or in runs to one queue (as a producer's batch
+    goes; the compiled loop keeps a queue's state over a run, and a run meets the rare steps
+    midway: a segment roll, a queue's next file); a tenth of an illegal size."""
+    runs = draw(st.booleans())
+    illegal = st.integers(0, record.MIN_RECORD_SIZE - 1) | st.integers(1501, 2100)
+    records: list[PutRecord] = []
+    place = None
+    for _ in range(draw(st.integers(8, 32))):
+        if draw(st.integers(0, 9)) == 0:
+            records.append(_illegal(draw(illegal)))
+            continue
+        if runs and (place is None or draw(st.integers(0, 5)) == 0):
+            place = draw(st.sampled_from(pool.topics)), draw(st.integers(0, 3))
+        records.append(draw(put_records(pool, 600, place)))
+    return records
 
 
 @st.composite
@@ -159,10 +186,8 @@ def workloads(draw: st.DrawFn) -> Workload:
         # Appends into a pool buffer, committed to the file at close.
         transient_store_pool_enable=draw(st.booleans()), transient_store_pool_size=2,
     )
-    one = put_records(draw(pools(":" in config.store_host[0])), 600)
-    illegal = st.integers(0, record.MIN_RECORD_SIZE - 1) | st.integers(1501, 2100)
-    entry = st.integers(0, 9).flatmap(lambda n: illegal.map(_illegal) if n == 0 else one)
-    batches = draw(st.lists(st.lists(entry, min_size=8, max_size=32), min_size=3, max_size=10))
+    pool = draw(pools(":" in config.store_host[0]))
+    batches = draw(st.lists(record_batches(pool), min_size=3, max_size=10))
     return Workload(config, batches)
 
 
@@ -210,6 +235,18 @@ def run(cls: type[MmapMessageLog], root: Path, work: Workload
     return results, dispatched, files_of(root)
 
 
+def _longest_run(batches: list[list[PutRecord]]) -> int:
+    """The most records in a row of one batch to one queue (8 and up: 8)."""
+    longest = 0
+    for batch in batches:
+        count, last = 0, None
+        for r in batch:
+            place = (r.topic, r.queue_id)
+            count = count + 1 if place == last else 1
+            last, longest = place, max(longest, count)
+    return longest
+
+
 @needs_compiled
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
@@ -229,6 +266,7 @@ def test_compiled_and_pure_appends_leave_the_same_results_and_files(
     event(f"illegal: {'MESSAGE_ILLEGAL' in statuses}")
     event(f"a batch raised: {any(kind == 'raised' for kind, _ in results)}")
     event(f"stored: {statuses.count('PUT_OK') // 50 * 50}+")
+    event(f"longest run to one queue: {min(8, _longest_run(work.batches))}")
     assert compiled[0] == pure[0]
     assert compiled[1] == pure[1]
     assert compiled[2].keys() == pure[2].keys()
@@ -258,6 +296,31 @@ def test_a_workload_of_every_rare_step_leaves_the_same_files(tmp_path: Path) -> 
     assert sum(name.startswith("commitlog/") for name in files) > 2
     assert sum(name.startswith("consumequeue/T/0/") for name in files) > 2
     assert sum(name.startswith("index/") for name in files) > 2
+
+
+@needs_compiled
+def test_a_run_to_one_queue_across_its_files_and_rare_steps_leaves_the_same_files(
+    tmp_path: Path,
+) -> None:
+    """Runs of records to one queue, as a producer's batches are: the compiled loop keeps
+    the queue's state over a run and publishes it at its end.  These runs cross the queue's
+    file ends and segment rolls, and hold an IPv6 record (its store fields stamped in
+    Python) and a prepared one (no queue entry) midway; another queue comes between two."""
+    config = StoreConfig(commitlog_segment_size=4096, consume_queue_entries=3, index_slots=7,
+                         index_entries=40, max_message_size=1000, warm_segments=False)
+    m = new_message("T", b"x" * 300, keys="a", compress_over=None)
+    records = [put_record(m)] * 12
+    records[4] = put_record(attrs.evolve(m, born_host=("::1", 1)))
+    records[7] = put_record(attrs.evolve(m, sysflag=sf.TRANSACTION_PREPARED_TYPE))
+    batch = [*records, put_record(attrs.evolve(m, queue_id=1)), *records[:5]]
+    work = Workload(config, [batch, batch])
+    pure = run(PureLog, tmp_path / "pure", work)
+    assert run(CompiledLog, tmp_path / "compiled", work) == pure
+    results, _, files = pure
+    assert [r.queue_offset for kind, rs in results for r in rs if r.physical_offset >= 0][
+        :13] == [*range(7), 0, *range(7, 11), 0]
+    assert sum(name.startswith("commitlog/") for name in files) > 3
+    assert sum(name.startswith("consumequeue/T/0/") for name in files) > 5
 
 
 @needs_compiled
@@ -298,6 +361,29 @@ def test_records_of_another_class_append_as_put_records_do(tmp_path: Path) -> No
     look_alikes = [LookAlike(*attrs.astuple(r, recurse=False)) for r in records]
     expected = run(PureLog, tmp_path / "pure", Workload(config, [records]))
     assert run(CompiledLog, tmp_path / "compiled", Workload(config, [look_alikes])) == expected
+
+
+@needs_compiled
+def test_a_tags_code_left_to_the_queue_midway_through_a_run(tmp_path: Path) -> None:
+    """The compiled loop writes a queue entry itself only for an int tags code in the int64
+    range, and leaves any other to ConsumeQueue.put, in the middle of a run: a bool (packed
+    as 1) and an int past int64 (refused after its record is written: the batch raises, the
+    record stays and its queue offset is used).  Both loops leave the same files and state,
+    and the next batch goes on from it."""
+    config = StoreConfig(commitlog_segment_size=8192, consume_queue_entries=4, index_slots=7,
+                         index_entries=40, warm_segments=False)
+    records = [LookAlike(*attrs.astuple(put_record(new_message(
+        "T", b"x" * 100, keys=f"k{n}", compress_over=None)), recurse=False)) for n in range(10)]
+    first = [*records]
+    first[3] = attrs.evolve(records[3], tags_code=True)
+    first[8] = attrs.evolve(records[8], tags_code=True)
+    second = [*records]
+    second[5] = attrs.evolve(records[5], tags_code=2**70)
+    work = Workload(config, [first, second, records])  # type: ignore[list-item]
+    pure = run(PureLog, tmp_path / "pure", work)
+    assert [kind for kind, _ in pure[0]] == ["value", "raised", "value"]
+    assert pure[0][2][1][0].queue_offset == 16
+    assert run(CompiledLog, tmp_path / "compiled", work) == pure
 
 
 # --- the index loop, alone ------------------------------------------------------------------

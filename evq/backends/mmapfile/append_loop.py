@@ -17,7 +17,11 @@ Both twins read and leave their state in one :class:`AppendRun` (the compiled lo
 twin class, the same fields kept in C), so the store sees one algorithm whichever runs.  The
 state a reader in another thread can see changes in the order recovery and reads rely on:
 the record's bytes, then its PHYSICALOFFSET, then the segment's ``wrote``, then the queue
-entry (a pull skips an entry whose record it cannot see yet).
+entry and its file's ``wrote`` (a pull skips an entry whose record it cannot see yet).  The
+compiled twin sets the segment's ``wrote`` and the queue's ``next_offset`` and ``wrote`` once a
+run of records to one queue instead of once a record, in that order (see ``run_records``
+there): between, they lag behind the bytes, which a reader, stopping at a ``wrote``, does not
+see.
 """
 
 from __future__ import annotations

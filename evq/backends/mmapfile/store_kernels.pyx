@@ -8,7 +8,10 @@ a dozen small Python frames (issue 18).  The Python code stays the reference and
 (evq.backends.mmapfile.kernels and evq.backends.mmapfile.appended choose).
 
 Each twin reads and leaves the same state as its reference, writes the same bytes, and stops
-where it stops; tests/backends/test_store_kernels.py checks that over random workloads.  What
+where it stops; tests/backends/test_store_kernels.py checks that over random workloads.  The
+append loop gets there by another way: it keeps the state of the queue a run of records goes
+to in C (:class:`QueueTail`) and sets the fields of the queue and the segment once a run,
+not once a record, in the order readers rely on (see :func:`run_records`).  What
 is rare stays Python, called from here where the reference calls it: the store fields of a
 record with an IPv6 host (``run.patch_v6``), a ConsumeQueue entry outside its last file's
 allocated part (:meth:`ConsumeQueue.put`), the fields of a record that is no PutRecord, a
@@ -169,33 +172,90 @@ cdef inline int writable(object obj, Py_buffer* view) except -1:
 # --- the append loop --------------------------------------------------------------------------
 
 
-cdef int cq_put(object cq, int64_t qo, int64_t phys, Py_ssize_t n, object tags) except -1:
-    """ConsumeQueue.put's common case inlined: the entry inside the last file's allocated part
-    (where append_records's ready_below check puts it), a tags code that is an int64.
-    Anything else goes to the method itself."""
+cdef class QueueTail:
+    """Where a run of records to one ConsumeQueue writes its entries, kept in C.
+
+    The records of a batch nearly always go to one queue, and each reading and setting the
+    queue's ``next_offset`` and ``ready_below``, its last file's ``start``, ``allocated``,
+    ``wrote`` and mapping, the key built and looked up (a dozen attribute lookups, three
+    ints made and a buffer taken and given back) cost some 2,700 of the 4,150 machine
+    instructions the loop ran a record (callgrind, embedded batches of 32 records of 1 KiB;
+    issue 18).  So :func:`run_records` loads them here when a record's
+    queue is not the previous one's, writes its entries into the buffer held here, and
+    publishes ``next_offset`` and the file's ``wrote`` with :meth:`publish`, after the
+    segment's ``wrote`` (see :func:`run_records` for when, and why a lag is harmless).
+
+    What it puts is :meth:`ConsumeQueue.put`'s common case: the entry inside the last file's
+    allocated part (where the ``ready_below`` check keeps it), a tags code that is an int64.
+    Anything else goes to the method itself, after :meth:`drop`.
+    """
+
+    cdef object cq, topic, queue_id, last
+    cdef int64_t next, next_was, ready, start, allocated, wrote, wrote_was
+    cdef bint held
     cdef Py_buffer view
-    cdef int overflow = 0
-    cdef int64_t rel, tags_code
-    last = cq._last
-    if last is not None and PyLong_CheckExact(tags):
+
+    cdef int load(self, object cq) except -1:
+        """Take ``cq``'s state (after :meth:`drop`)."""
+        self.next = self.next_was = cq.next_offset
+        self.ready = cq.ready_below
+        last = cq._last
+        if last is not None:
+            self.start, self.allocated = last.start, last.allocated
+            self.wrote = self.wrote_was = last.wrote
+            writable(last.mm, &self.view)
+            self.held = True
+        self.cq, self.last = cq, last
+        return 0
+
+    cdef bint put(self, int64_t qo, int64_t phys, Py_ssize_t n, object tags) except -1:
+        """Write entry ``qo`` if it is the common case; False if the method must."""
+        cdef int overflow = 0
+        cdef int64_t rel, tags_code
+        cdef uint8_t* p
+        if not self.held or not PyLong_CheckExact(tags):
+            return False
         tags_code = PyLong_AsLongLongAndOverflow(tags, &overflow)
-        rel = qo * CQ_ENTRY_SIZE - <int64_t>last.start
-        if not overflow and 0 <= rel <= <int64_t>last.allocated - CQ_ENTRY_SIZE:
-            writable(last.mm, &view)
-            try:
-                if rel + CQ_ENTRY_SIZE > view.len:
-                    raise IndexError("consume queue entry past its file")
-                p = <uint8_t*>view.buf + rel
-                put64(p, <uint64_t>phys)
-                put32(p + 8, <uint32_t>n)
-                put64(p + 12, <uint64_t>tags_code)
-            finally:
-                PyBuffer_Release(&view)
-            if rel >= <int64_t>last.wrote:  # positions are whole entries
-                last.wrote = rel + CQ_ENTRY_SIZE
+        rel = qo * CQ_ENTRY_SIZE - self.start
+        if overflow or not 0 <= rel <= self.allocated - CQ_ENTRY_SIZE:
+            return False
+        if rel + CQ_ENTRY_SIZE > self.view.len:
+            raise IndexError("consume queue entry past its file")
+        p = <uint8_t*>self.view.buf + rel
+        put64(p, <uint64_t>phys)
+        put32(p + 8, <uint32_t>n)
+        put64(p + 12, <uint64_t>tags_code)
+        if rel >= self.wrote:  # positions are whole entries
+            self.wrote = rel + CQ_ENTRY_SIZE
+        return True
+
+    cdef int publish(self) except -1:
+        """Set the queue's ``next_offset`` and its last file's ``wrote`` to where the run got
+        (the queue's ``wrote`` last: a pull reads up to it)."""
+        if self.cq is None:
             return 0
-    cq.put(qo, phys, n, tags)
-    return 0
+        if self.next != self.next_was:
+            self.cq.next_offset = self.next
+            self.next_was = self.next
+        if self.wrote != self.wrote_was:
+            self.last.wrote = self.wrote
+            self.wrote_was = self.wrote
+        return 0
+
+    cdef int drop(self) except -1:
+        """:meth:`publish`, give the buffer back and forget the queue."""
+        try:
+            self.publish()
+        finally:
+            if self.held:
+                self.held = False
+                PyBuffer_Release(&self.view)
+            self.cq = self.topic = self.queue_id = self.last = None
+        return 0
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
 
 
 cdef class AppendRun:
@@ -209,6 +269,7 @@ cdef class AppendRun:
 
     cdef public object records, mf, mm, store_fields, cqs, patch_v6, places, indexed, notify
     cdef public int64_t start, pos, room, min_size, max_size, now
+    cdef QueueTail tail  # run_records's, between two of its calls holding nothing
 
     def __init__(self, *, records, mf, mm, int64_t start, int64_t pos, int64_t room,
                  int64_t min_size, int64_t max_size, int64_t now, store_fields, cqs, patch_v6,
@@ -220,6 +281,9 @@ cdef class AppendRun:
         self.places = [] if places is None else places
         self.indexed = [] if indexed is None else indexed
         self.notify = notify
+
+    def __cinit__(self, *args, **kwargs):
+        self.tail = QueueTail()  # here, so that no AppendRun is without one
 
     def at(self, mf) -> None:
         """As the reference's ``at``: go on appending at the end of ``mf``."""
@@ -237,21 +301,39 @@ def append_records(AppendRun run, Py_ssize_t i) -> int:
 
 
 cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
-    """:func:`append_records`, called from C by :func:`append` too."""
+    """:func:`append_records`, called from C by :func:`append` too.
+
+    It leaves what the reference leaves, but sets the segment's ``wrote`` and the queue's
+    fields (:class:`QueueTail`) once a run of records to one queue rather than once a
+    record: when the next record's queue is another, before Python code that reads them
+    (:meth:`ConsumeQueue.put`) or might (``run.patch_v6``), and when the loop ends, also by
+    an exception.  The segment's ``wrote`` always goes first, so what another thread sees
+    keeps the reference's order (see append_loop): a queue's ``wrote`` never covers an entry
+    whose record lies past the segment's.  In between they lag behind the bytes, as at the
+    start of a record in the reference: readers stop at a ``wrote`` (also the commit of a
+    transient store pool buffer and a flush), and a ``next_offset`` read without the put
+    lock (``_queue_end``) is read against the queue's ``wrote``.  An object made here may
+    run the garbage collector, and a finalizer may give the GIL to another thread: it sees
+    the state of the last publication, consistent and behind.  No other thread changes
+    what is kept here: every writer of a queue's or the log's files holds the put lock."""
     cdef Py_buffer out, data_view
     cdef uint8_t* dst
     cdef const uint8_t* src
-    cdef Py_ssize_t end, n, pos, room, min_size, max_size
-    cdef int64_t start, qo, phys, ready
+    cdef Py_ssize_t end, n, pos, published, room, min_size, max_size
+    cdef int64_t start, qo, phys
     cdef long long sysflag
     cdef int v6
+    cdef bint entry
     cdef PyObject* found
+    cdef QueueTail tail = run.tail
+    cdef object now, phys_obj, n_obj, qo_obj  # objects: one int each, not one a use
     if not bound:
         raise RuntimeError("store_kernels.bind was not called")
     records = run.records
     end = len(records)
     mf = run.mf
     start, pos, room = run.start, run.pos, run.room
+    published = pos
     min_size, max_size = run.min_size, run.max_size
     now, store_fields = run.now, run.store_fields
     cqs, places, indexed, notify = run.cqs, run.places, run.indexed, run.notify
@@ -259,6 +341,10 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
         raise TypeError("run.cqs must be a dict")
     if not PyBytes_CheckExact(store_fields) or PyBytes_GET_SIZE(store_fields) != STORE_SIZE:
         raise ValueError("run.store_fields must be the packed STORETIMESTAMP and host")
+    # Lists, so that noting a record's results runs no Python code (see above).
+    if type(places) is not list or type(indexed) is not list or not (
+            notify is None or type(notify) is list):
+        raise TypeError("run.places, run.indexed and run.notify must be lists")
     writable(run.mm, &out)
     dst = <uint8_t*>out.buf
     try:
@@ -269,21 +355,27 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
             if not min_size <= n <= max_size or pos + n > room:
                 break
             sysflag = field(r, AT_SYSFLAG, "sysflag")
-            if sysflag & NO_QUEUE_ENTRY:
+            entry = not sysflag & NO_QUEUE_ENTRY
+            if not entry:
                 qo = 0
-                cq = None
             else:
                 topic = field(r, AT_TOPIC, "topic")
                 queue_id = field(r, AT_QUEUE_ID, "queue_id")
-                found = PyDict_GetItem(cqs, (topic, queue_id))
-                if found is NULL:
+                # The same objects as the previous record's: the same queue, without a key.
+                if tail.cq is None or topic is not tail.topic or queue_id is not tail.queue_id:
+                    found = PyDict_GetItem(cqs, (topic, queue_id))
+                    if found is NULL:
+                        break
+                    if <object>found is not tail.cq:
+                        if pos != published:
+                            mf.wrote = published = pos
+                        tail.drop()
+                        tail.load(<object>found)
+                    tail.topic, tail.queue_id = topic, queue_id
+                qo = tail.next
+                if qo >= tail.ready:
                     break
-                cq = <object>found
-                qo = cq.next_offset
-                ready = cq.ready_below
-                if qo >= ready:
-                    break
-                cq.next_offset = qo + 1
+                tail.next = qo + 1
             if pos + n > out.len:
                 raise IndexError("record past the end of its segment")
             phys = start + pos
@@ -303,6 +395,9 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
                 finally:
                     PyBuffer_Release(&data_view)
             if v6:
+                if pos != published:
+                    mf.wrote = published = pos
+                tail.publish()
                 run.patch_v6(run.mm, pos, v6, now)
             else:
                 memcpy(dst + pos + STORE_AT, PyBytes_AS_STRING(store_fields), STORE_SIZE)
@@ -310,22 +405,30 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
             put64(dst + pos + QUEUE_OFFSET_AT, <uint64_t>qo)
             put64(dst + pos + QUEUE_OFFSET_AT + 8, <uint64_t>phys)
             pos += n
-            mf.wrote = pos
-            phys_obj = phys
-            if cq is not None:
+            phys_obj, n_obj, qo_obj = phys, n, qo
+            if entry:
                 tags = field(r, AT_TAGS_CODE, "tags_code")
-                cq_put(cq, qo, phys, n, tags)
+                if not tail.put(qo, phys, n, tags):
+                    cq = tail.cq
+                    mf.wrote = published = pos
+                    tail.drop()
+                    cq.put(qo_obj, phys_obj, n_obj, tags)
                 if notify is not None:
-                    notify.append(new_dispatched(topic, queue_id, qo, phys_obj, n, tags, now,
-                                                 (sysflag & ~HOST_V6) | v6))
+                    notify.append(new_dispatched(topic, queue_id, qo_obj, phys_obj, n_obj, tags,
+                                                 now, (sysflag & ~HOST_V6) | v6))
             hashes = field(r, AT_KEY_HASHES, "key_hashes")
             if hashes:
                 indexed.append((hashes, phys_obj))
-            places.append((phys_obj, n, qo))
+            places.append((phys_obj, n_obj, qo_obj))
             i += 1
     finally:
-        PyBuffer_Release(&out)
-        run.pos = pos
+        try:
+            if pos != published:
+                mf.wrote = pos
+            tail.drop()
+        finally:
+            PyBuffer_Release(&out)
+            run.pos = pos
     return i
 
 
