@@ -21,9 +21,9 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from evq.byte_order cimport get16, get32, get64, put32, put64
+from evq.slots cimport new_instance, set_new, slot_offset
 from libc.stdint cimport (
     INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t,
     uint64_t,
@@ -32,20 +32,13 @@ from libc.stdio cimport snprintf
 from libc.string cimport memchr, memcmp, memcpy, memset
 
 import zlib
-from types import MemberDescriptorType
 
 from evq.domain import checksum
 
 cdef extern from "Python.h":
     ctypedef int (*descrsetfunc)(PyObject*, PyObject*, PyObject*) except -1
-    ctypedef object (*allocfunc)(void*, Py_ssize_t)
     ctypedef struct TypeSlots "PyTypeObject":
         descrsetfunc tp_descr_set
-        allocfunc tp_alloc
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
     TypeSlots* type_of "Py_TYPE"(object)
     object PyNumber_Index(object)
     enum: PyBUF_READ
@@ -110,11 +103,10 @@ def bind(*, record_error, message, fields, put_record, host_text, properties_tex
     fields_slots[:] = _slots(fields, (
         "size", "queue_id", "queue_offset", "physical_offset", "sysflag", "store_timestamp",
         "topic", "properties", "crc_ok"))
-    for k, descriptor in enumerate(_slots(put_record, (
-            "data", "topic", "queue_id", "sysflag", "tags_code", "keys", "key_hashes"))):
-        if type(descriptor) is not MemberDescriptorType:
-            raise RuntimeError(f"PutRecord's fields are no longer slots: {descriptor!r}")
-        PUT_RECORD_AT[k] = (<PyMemberDescrObject*>descriptor).d_member.offset
+    names = ("data", "topic", "queue_id", "sysflag", "tags_code", "keys", "key_hashes")
+    _slots(put_record, names)  # every field, in this order
+    for k, name in enumerate(names):
+        PUT_RECORD_AT[k] = slot_offset(put_record, name)
 
 
 cdef list _slots(type cls, tuple names):
@@ -913,17 +905,11 @@ cdef bytes record_data(Terms* t, const Parsed* e, object body, object flag, obje
     return data
 
 
-cdef inline void set_new(object obj, Py_ssize_t at, object value) noexcept:
-    """Set a slot of an object just made (the slot is empty, nothing to release)."""
-    Py_INCREF(value)
-    (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
-
-
 cdef object new_put_record(object data, object topic, object queue_id, object sysflag,
                            object tags_code, object keys, object hashes):
     """``PutRecord(...)``, allocated by its type and its slots set directly (see
     PUT_RECORD_AT): one is built per message sent."""
-    r = (<TypeSlots*>PutRecord).tp_alloc(<void*>PutRecord, 0)
+    r = new_instance(PutRecord)
     set_new(r, PUT_RECORD_AT[0], data)
     set_new(r, PUT_RECORD_AT[1], topic)
     set_new(r, PUT_RECORD_AT[2], queue_id)

@@ -27,13 +27,12 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
 from evq.byte_order cimport put32, put64
+from evq.slots cimport new_instance, set_new, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from struct import error as struct_error
-from types import MemberDescriptorType
 
 cdef extern from *:
     void prefetch "__builtin_prefetch"(const void*) noexcept nogil
@@ -42,13 +41,9 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyLong_CheckExact(object)
     bint PyObject_TypeCheck(object, type)
-    ctypedef struct PyMemberDef:
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
 
 # Bound by bind(): the numbers of evq's layouts (the modules that draw them own them).
-cdef object Dispatched = None
+cdef type Dispatched = None
 cdef object object_new = object.__new__
 DISPATCHED_FIELDS = ("topic", "queue_id", "queue_offset", "physical_offset", "size",
                      "tags_code", "store_timestamp", "sysflag")
@@ -103,14 +98,14 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
             or hasattr(dispatched, "__attrs_post_init__")):
         raise RuntimeError(f"Dispatched changed: {fields}")
     for k, name in enumerate(DISPATCHED_FIELDS):
-        DISPATCHED_AT[k] = slot_at(dispatched, name)
+        DISPATCHED_AT[k] = slot_offset(dispatched, name)
     Dispatched = dispatched
     PutRecord = put_record
-    AT_DATA, AT_TOPIC, AT_QUEUE_ID = (slot_at(put_record, "data"), slot_at(put_record, "topic"),
-                                      slot_at(put_record, "queue_id"))
-    AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES = (slot_at(put_record, "sysflag"),
-                                               slot_at(put_record, "tags_code"),
-                                               slot_at(put_record, "key_hashes"))
+    AT_DATA, AT_TOPIC, AT_QUEUE_ID = (slot_offset(put_record, "data"), slot_offset(put_record, "topic"),
+                                      slot_offset(put_record, "queue_id"))
+    AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES = (slot_offset(put_record, "sysflag"),
+                                               slot_offset(put_record, "tags_code"),
+                                               slot_offset(put_record, "key_hashes"))
     NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT = no_queue_entry, host_v6, sysflag_low_at
     STORE_AT, STORE_SIZE = store_at, store_end - store_at
     QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE = queue_offset_at, cq_entry_size, index_entry_size
@@ -118,17 +113,10 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     MAX_TIME_DIFF, BLANK_SIZE = max_time_diff, blank_size
     LogClosed, REFUSED, no_space, pack_store_fields = log_closed, refused, no_space_fn, store_fields
     AppendedBatch = appended_batch
-    AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST = (slot_at(appended_batch, "_places"),
-                                             slot_at(appended_batch, "_store_timestamp"),
-                                             slot_at(appended_batch, "_host"))
+    AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST = (slot_offset(appended_batch, "_places"),
+                                             slot_offset(appended_batch, "_store_timestamp"),
+                                             slot_offset(appended_batch, "_host"))
     bound = True
-
-
-cdef Py_ssize_t slot_at(object cls, str name) except -1:
-    descriptor = cls.__dict__.get(name)
-    if type(descriptor) is not MemberDescriptorType:
-        raise RuntimeError(f"{cls.__name__}.{name} is no longer a slot")
-    return (<PyMemberDescrObject*>descriptor).d_member.offset
 
 
 cdef inline object field(object r, Py_ssize_t at, str name):
@@ -143,17 +131,11 @@ cdef inline object field(object r, Py_ssize_t at, str name):
     return <object>value
 
 
-cdef inline void set_new(object obj, Py_ssize_t at, object value):
-    """Set a slot of an object just made (the slot is empty, nothing to release)."""
-    Py_INCREF(value)
-    (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
-
-
 cdef object new_dispatched(object topic, object queue_id, object queue_offset,
                            object physical_offset, object size, object tags_code,
                            object store_timestamp, object sysflag):
     """``Dispatched(...)``, its slots set directly (see DISPATCHED_AT)."""
-    d = object_new(Dispatched)
+    d = new_instance(Dispatched)
     set_new(d, DISPATCHED_AT[0], topic)
     set_new(d, DISPATCHED_AT[1], queue_id)
     set_new(d, DISPATCHED_AT[2], queue_offset)
