@@ -20,7 +20,7 @@ from evq.domain.message import new_message
 from evq.domain.queues import MessageQueue
 from tests.client.conftest import Served
 from tests.cluster import running_cluster
-from tests.ha.group import log_end
+from tests.ha.group import admin_tables, log_end
 from tests.waiting import wait_for
 
 WAIT_S = 30.0
@@ -124,6 +124,11 @@ def test_a_killed_masters_queues_are_polled_from_its_slave(tmp_path: Path) -> No
         master, slave = cluster.addr("broker-a"), cluster.addr("broker-a", slave=True)
         wait_for("broker-a's slave to catch up",
                  lambda: asyncio.run(log_end(master)) == asyncio.run(log_end(slave)))
+        # The topic's config reaches the slave in the log too, and is applied from there on the
+        # slave's next tick: a pull before that is TOPIC_NOT_EXIST.
+        wait_for("broker-a's slave to apply the KillPoll topic config",
+                 lambda: "KillPoll" in ((asyncio.run(admin_tables(slave)) or {})
+                                        .get("topicConfigTable") or {}))
         with SyncPullConsumer("KillPollers", cluster.namesrv, auto_commit=False) as c:
             queues = c.queues("KillPoll")
             c.assign(queues)
