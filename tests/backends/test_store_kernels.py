@@ -247,6 +247,66 @@ def _longest_run(batches: list[list[PutRecord]]) -> int:
     return longest
 
 
+Query = tuple[int, int, int, int, int]
+"""A pull: (queue index, offset past the queue's first, max count, max bytes, tag filter: 0
+none, 1 even codes, 2 the first tag's code)."""
+
+queries = st.tuples(st.integers(0, 15), st.integers(-2, 16), st.integers(1, 40),
+                    st.sampled_from([0, 150, 700, 2000, 256 * 1024, -1, -2, -3]),
+                    st.integers(0, 2))
+"""A negative max bytes stands for the sizes of the pull's first two entries, and one byte
+less or more: the limit's boundary."""
+
+
+@needs_compiled
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(work=workloads(), pulls=st.lists(queries, min_size=20, max_size=60))
+def test_compiled_and_pure_pulls_answer_the_same(
+    tmp_path_factory: pytest.TempPathFactory, work: Workload, pulls: list[Query]
+) -> None:
+    """Every queue of a workload's store, read from anywhere (before its first entry, past
+    its end, across its files and the log's segments, over blanks and prepared records),
+    any count and byte limit, with and without tag filters, with a transient store pool's
+    records not yet in the file: the compiled pull gives the reference's answer."""
+    root = tmp_path_factory.mktemp("pulls")
+    clock = ManualClock(START_MS)
+    log = CompiledLog.open(root, work.config, clock=clock, background=False)
+    try:
+        for batch in work.batches:
+            outcome(log.append, batch)
+            clock.advance(1500)
+        assert "_read_queue" in vars(log)  # the compiled twin is this store's own
+        first_tags = tag_code_of(work)
+        filters: list[Callable[[int], bool] | None] = [
+            None, lambda code: code % 2 == 0, lambda code: code == first_tags]
+        found = 0
+        queues = [cq for _, cq in sorted(log._cqs.items())]
+        for q, delta, max_count, max_bytes, f in pulls if queues else ():
+            cq = queues[q % len(queues)]
+            offset = cq.min_offset + delta
+            if max_bytes < 0:
+                sizes = [size for _, size, _ in cq.entries(max(offset, 0), 2)]
+                max_bytes = sum(sizes) + max_bytes + 2  # -1: one byte more, -2: equal, -3: one less
+            args = (cq, offset, max_count, max_bytes, filters[f])
+            expected = outcome(MmapMessageLog._read_queue, log, *args)
+            got = outcome(log._read_queue, *args)
+            assert got == expected
+            found += expected[0] == "value" and bool(expected[1].records)
+            del got, expected  # the record views, before the log is closed
+        event(f"pulls that found records: {min(found, 10) // 5 * 5}+")
+        entries = sum(cq.next_offset - cq.min_offset for cq in queues)
+        event(f"entries: {min(entries, 50) // 10 * 10}+")
+    finally:
+        log.close()
+
+
+def tag_code_of(work: Workload) -> int:
+    """The tags code of the workload's first record (a filter that matches some)."""
+    return next((r.tags_code for batch in work.batches for r in batch if r.tags_code), 0)
+
+
 @needs_compiled
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,

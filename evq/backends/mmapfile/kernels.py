@@ -15,11 +15,11 @@ from typing import Any
 
 import attrs
 
-from evq.backends import disk
+from evq.backends import disk, rules
 from evq.backends.mmapfile import append_loop, consume_queue, index_file
 from evq.backends.mmapfile.appended import REFUSED, AppendedBatch
 from evq.domain import record as rec
-from evq.domain.log import Dispatched, LogClosed
+from evq.domain.log import Dispatched, GetStatus, LogClosed, ReadResult
 
 
 @attrs.frozen(slots=True)
@@ -35,6 +35,9 @@ class StoreKernels:
     append: Callable[[Any, Sequence[rec.PutRecord]], AppendedBatch] | None = None
     """The twin of the whole of :meth:`MmapMessageLog.append` (the store, the records), which
     the store installs as its ``append``; None: the method itself, the reference."""
+    read_queue: Callable[..., ReadResult] | None = None
+    """The twin of :meth:`MmapMessageLog._read_queue` (the store, the queue, the pull's
+    arguments), installed the same way; None: the method itself."""
 
 
 PURE = StoreKernels(append_loop.append_records, index_file.put_entries, append_loop.AppendRun)
@@ -60,8 +63,12 @@ def _compiled() -> StoreKernels | None:
         refused=REFUSED, no_space_fn=disk.no_space, store_fields=rec.STORE_V4.pack,
         appended_batch=AppendedBatch,
     )
+    store_kernels.bind_reads(
+        read_result=ReadResult, get_status=GetStatus, outside=rules.status_outside,
+        scan_limit=rules.SCAN_LIMIT, blank_entry_size=rules.BLANK_ENTRY_SIZE,
+    )
     return StoreKernels(store_kernels.append_records, store_kernels.put_entries,
-                        store_kernels.AppendRun, store_kernels.append)
+                        store_kernels.AppendRun, store_kernels.append, store_kernels.read_queue)
 
 
 COMPILED = _compiled()

@@ -150,6 +150,9 @@ class MmapMessageLog(StoreShell):
             # The compiled append (store_kernels.pyx) as this store's own: a method calling it
             # would add the Python frame the twin exists to save.
             self.append = types.MethodType(self.kernels.append, self)  # type: ignore[method-assign]
+        if self.kernels.read_queue is not None:  # the compiled pull, as this store's own
+            self._read_queue = types.MethodType(  # type: ignore[method-assign]
+                self.kernels.read_queue, self)
 
     def _transient_pool(self, config: StoreConfig) -> TransientStorePool | None:
         """The transient store pool if the config enables it and its rule allows it (see
@@ -706,6 +709,12 @@ class MmapMessageLog(StoreShell):
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return ReadResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        return self._read_queue(cq, offset, max_count, max_bytes, tag_filter)
+
+    def _read_queue(self, cq: ConsumeQueue, offset: int, max_count: int, max_bytes: int,
+                    tag_filter: TagFilter | None) -> ReadResult:
+        """A pull from ``cq``: the reference of ``read_queue`` in store_kernels.pyx, which
+        replaces it per instance where the kernels are compiled (see :meth:`__init__`)."""
         return rules.read_queue(
             offset, cq.min_offset, self._queue_end(cq), max_count=max_count, max_bytes=max_bytes,
             tag_filter=tag_filter, entries=lambda qo, n: list(cq.entries(qo, n)),
