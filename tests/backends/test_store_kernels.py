@@ -251,8 +251,9 @@ Query = tuple[int, int, int, int, int]
 """A pull: (queue index, offset past the queue's first, max count, max bytes, tag filter: 0
 none, 1 even codes, 2 the first tag's code)."""
 
-queries = st.tuples(st.integers(0, 15), st.integers(-2, 16), st.integers(1, 40),
-                    st.sampled_from([0, 150, 700, 2000, 256 * 1024, -1, -2, -3]),
+queries = st.tuples(st.integers(0, 15), st.integers(-2, 16),
+                    st.integers(1, 40) | st.sampled_from([0, -1, 2**70]),
+                    st.sampled_from([0, 150, 700, 2000, 256 * 1024, 2**70, -1, -2, -3]),
                     st.integers(0, 2))
 """A negative max bytes stands for the sizes of the pull's first two entries, and one byte
 less or more: the limit's boundary."""

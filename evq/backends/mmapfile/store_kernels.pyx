@@ -664,6 +664,7 @@ cdef object status_outside = None
 cdef object FOUND = None, OFFSET_FOUND_NULL = None, NO_MATCHED_MESSAGE = None
 cdef int64_t SCAN_LIMIT = 0, BLANK_ENTRY_SIZE = 0
 cdef bint reads_bound = False
+cdef int64_t LIMIT_BOUND = 1 << 62
 
 
 def bind_reads(*, read_result, get_status, outside, scan_limit, blank_entry_size) -> None:
@@ -678,8 +679,8 @@ def bind_reads(*, read_result, get_status, outside, scan_limit, blank_entry_size
     reads_bound = True
 
 
-def read_queue(object log, object cq, object offset, Py_ssize_t max_count,
-               Py_ssize_t max_bytes, object tag_filter):
+def read_queue(object log, object cq, object offset, object count_limit, object byte_limit,
+               object tag_filter):
     """The twin of :meth:`MmapMessageLog._read_queue <evq.backends.mmapfile.store.
     MmapMessageLog._read_queue>`: :func:`evq.backends.rules.read_queue` with the store's
     ``entries`` (a copy of the queue file's entries, within one file) and ``view`` (a slice of
@@ -694,6 +695,10 @@ def read_queue(object log, object cq, object offset, Py_ssize_t max_count,
     cdef const uint8_t* p
     if not (bound and reads_bound):
         raise RuntimeError("store_kernels.bind_reads was not called")
+    # Any int, as the reference takes them: past these bounds a limit acts as they do (a
+    # pull scans and takes far fewer entries).
+    cdef int64_t max_count = max(-LIMIT_BOUND, min(count_limit, LIMIT_BOUND))
+    cdef int64_t max_bytes = max(-LIMIT_BOUND, min(byte_limit, LIMIT_BOUND))
     lo, hi = cq.min_offset, log._queue_end(cq)
     outside = status_outside(offset, lo, hi)
     if outside is not None:
