@@ -491,7 +491,12 @@ def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch:
                  ) -> RemotingCommand:
     """The SEND_MESSAGE_V2 (or SEND_BATCH_MESSAGE) a producer of ``group`` sends for
     ``msgs`` (stamped already: UNIQ_KEY, birth time) to ``queue``; its opaque is the
-    connection's to set."""
+    connection's to set.
+
+    Its header is RocketMQ's binary (ROCKETMQ) serialization, which every 4.x broker reads
+    and answers in kind: a broker reads it in a fraction of a JSON header's time, and a send
+    is the request a producer makes most.  A header text that UTF-8 cannot carry (a lone
+    surrogate, which a Python str may hold) goes as JSON, which escapes it."""
     first = msgs[0]
     if batch:
         # The broker compresses each entry itself; a batch goes out uncompressed.
@@ -512,8 +517,21 @@ def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch:
     if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
         # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
         fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
+    kind = (SerializeType.ROCKETMQ if all(map(_utf8_carries, fields.values()))
+            else SerializeType.JSON)
     return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
-                                  EVQ_VERSION, 0, 0, None, fields, body, SerializeType.JSON)
+                                  EVQ_VERSION, 0, 0, None, fields, body, kind)
+
+
+def _utf8_carries(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (every str but one holding a lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _batch_request(group: str, queue: MessageQueue, msgs: list[Message], opaque: int
@@ -577,8 +595,8 @@ def _compiled_kernels() -> SendKernels | None:
         command=RemotingCommand, result=SendResult, queue=MessageQueue,
         pure_send_request=_send_request, pure_send_result=_send_result,
         parse_int_field=parse_int_field, parse_long_field=parse_long_field, code=_SEND,
-        evq_language=EVQ_LANGUAGE, language_name=EVQ_LANGUAGE.name, evq_version=EVQ_VERSION,
-        json=SerializeType.JSON, sysflag_bits=sf.COMPRESSED | sf.TRANSACTION_MASK,
+        evq_language=EVQ_LANGUAGE, evq_version=EVQ_VERSION,
+        rocketmq=SerializeType.ROCKETMQ, sysflag_bits=sf.COMPRESSED | sf.TRANSACTION_MASK,
         auto_create=tp.AUTO_CREATE_TOPIC, retry=tp.RETRY_PREFIX)
     return SendKernels(send_kernels.send_request, send_kernels.send_result)
 

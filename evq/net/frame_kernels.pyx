@@ -3,13 +3,16 @@
 :mod:`evq.net.protocol`, which stay the reference and the fallback (see that module's end).
 
 Every frame both ends of a connection exchange goes through these two: taking a frame out
-of a connection's buffer and decoding its JSON header (about 38 k instructions in Python for
-a send's answer, of which orjson's parse is 11 k), and encoding a command (17 k).  Only the
-common case lives here: a whole, well-formed frame with a JSON header that every peer writes,
-and a command whose header orjson writes as ASCII.  Anything else (a short or malformed frame,
-a binary header, an odd JSON value, a lone surrogate, a body that is not ``bytes``) is handed
-to the pure function on the same input, so it ends exactly as there, error for error;
-tests/net/test_frame_kernels.py checks the two give the same over the whole input space.
+of a connection's buffer and decoding its header (about 38 k instructions in Python for a
+JSON answer to a send, of which orjson's parse is 11 k), and encoding a command (17 k).  Only
+the common case lives here: a whole, well-formed frame with a JSON header that every peer
+writes or a ROCKETMQ binary header (evq's producer sends its sends in it: read in C with no
+parser between, it costs a broker a fraction of the JSON header's time), and a command whose
+header orjson writes as ASCII or whose binary fields fit theirs.  Anything else (a short or
+malformed frame, an odd JSON value, a length out of range, a lone surrogate, a body that is
+not ``bytes``) is handed to the pure function on the same input, so it ends exactly as there,
+error for error; tests/net/test_frame_kernels.py checks the two give the same over the whole
+input space.  The binary writer is shared with the send lane (frame_kernels.pxd).
 A third kernel, ``parse_send_header``, reads the send header out of a decoded command's fields
 for the send processor (its reference is evq.net.send_header.parse; see its section below).
 
@@ -22,8 +25,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromSt
 from cpython.bytes cimport PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.object cimport PyObject
-from evq.byte_order cimport get32, put32
-from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, uint8_t, uint32_t
+from evq.byte_order cimport get16, get32, put32
+from libc.stdint cimport INT16_MAX, INT16_MIN, INT32_MAX, INT32_MIN, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 
 cdef extern from "Python.h":
@@ -31,12 +34,20 @@ cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
     bint PyUnicode_CheckExact(object)
     bint PyDict_CheckExact(object)
+    bint PyLong_Check(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     bint PyUnicode_IS_ASCII(object)
     const uint8_t* PyUnicode_1BYTE_DATA(object)
+    const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
+    object PyUnicode_DecodeUTF8(const char*, Py_ssize_t, const char*)
+    Py_ssize_t PyDict_GET_SIZE(object)
+    void* PyMem_Malloc(size_t)
+    void PyMem_Free(void*)
 
 cdef enum:
     HEADER_LENGTH_MASK = 0xFFFFFF
+    BINARY_FIXED = 13  # CODE int16, LANGUAGE byte, VERSION int16, OPAQUE int32, FLAG int32
+    STACK_TEXTS = 32  # keys and values of the header fields encoded without a heap array
 
 # Bound by bind(): evq's command class and the pure functions the kernels fall back on.
 cdef type Command = None
@@ -55,7 +66,9 @@ cdef dict language_by_name = None
 cdef dict language_names = None
 cdef object language_other = None
 cdef object default_language_name = None
+cdef dict language_by_code = None
 cdef object json_type = None
+cdef object rocketmq_type = None
 
 COMMAND_FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ext_fields",
                   "body", "serialize_type")
@@ -64,12 +77,13 @@ COMMAND_FIELDS = ("code", "language", "version", "opaque", "flag", "remark", "ex
 def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any_header,
          decode_json, orjson_loads, orjson_dumps, orjson_decode_error, orjson_encode_error,
          languages_by_name, names_of_languages, other_language, evq_language_name,
-         json) -> None:
+         languages_by_code, json, rocketmq) -> None:
     """Hand the kernels the class they build and the pure functions and tables they share
     (called once by evq.net.protocol)."""
     global Command, pure_take_frame, pure_encode_frame, decode_header, decode_json_checked
     global loads, dumps, decode_error, encode_error, language_by_name, language_names
     global language_other, default_language_name, json_type, pure_parse_int, pure_parse_long
+    global language_by_code, rocketmq_type
     # A field added to the command and not set below would leave decoded commands without
     # it: that stops the import (loudly, in every test) instead.
     fields = tuple(a.name for a in command.__attrs_attrs__)
@@ -83,7 +97,8 @@ def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any
     decode_error, encode_error = orjson_decode_error, orjson_encode_error
     language_by_name, language_names = languages_by_name, names_of_languages
     language_other, default_language_name = other_language, evq_language_name
-    json_type = json
+    language_by_code = languages_by_code
+    json_type, rocketmq_type = json, rocketmq
 
 
 # --- taking a frame ---------------------------------------------------------------------------
@@ -115,6 +130,8 @@ def take_frame(decoder):
     body = (PyBytes_FromStringAndSize(<const char*>p + 8 + header_length, body_length)
             if body_length else b"")
     decoder._pos = pos + 4 + length
+    if word >> 24 == 1:
+        return decode_binary(header, body)
     if word >> 24:
         return decode_header(word >> 24, header, body)
     return decode_json(header, body)
@@ -180,11 +197,78 @@ cdef object decode_json(bytes header, bytes body):
     return cmd
 
 
+cdef object utf8_text(const uint8_t* p, Py_ssize_t n):
+    """The str of ``n`` UTF-8 bytes at ``p`` (a one-byte ASCII text is CPython's cached
+    character), or None where they are not UTF-8."""
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef object decode_binary(bytes header, bytes body):
+    """The pure ``_decode_binary`` (a ROCKETMQ header, as evq's producer sends): a
+    well-formed header read in C, anything else (a length out of range, a text that is not
+    UTF-8) handed to the pure decoder, which says what is wrong."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(header)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(header)
+    cdef Py_ssize_t at, remark_length, ext_length, key_length, value_length
+    if n < BINARY_FIXED + 8:
+        return decode_header(1, header, body)
+    remark_length = get32(p + BINARY_FIXED)
+    at = BINARY_FIXED + 4
+    if remark_length < 0 or remark_length > n - at - 4:
+        return decode_header(1, header, body)
+    remark = None
+    if remark_length:
+        remark = utf8_text(p + at, remark_length)
+        if remark is None:
+            return decode_header(1, header, body)
+        at += remark_length
+    ext_length = get32(p + at)
+    at += 4
+    if ext_length != n - at:
+        return decode_header(1, header, body)
+    cdef dict fields = {}
+    while at < n:
+        if n - at < 2:
+            return decode_header(1, header, body)
+        key_length = get16(p + at)
+        at += 2
+        if key_length < 0 or key_length > n - at - 4:
+            return decode_header(1, header, body)
+        key = utf8_text(p + at, key_length)
+        at += key_length
+        value_length = get32(p + at)
+        at += 4
+        if key is None or value_length < 0 or value_length > n - at:
+            return decode_header(1, header, body)
+        value = utf8_text(p + at, value_length)
+        if value is None:
+            return decode_header(1, header, body)
+        at += value_length
+        fields[key] = value
+    found = PyDict_GetItem(language_by_code, p[2])
+    cmd = object_new(Command)
+    cmd.code = get16(p)
+    cmd.language = language_other if found is NULL else <object>found
+    cmd.version = get16(p + 3)
+    cmd.opaque = get32(p + 5)
+    cmd.flag = get32(p + 9)
+    cmd.remark = remark
+    cmd.ext_fields = fields
+    cmd.body = body
+    cmd.serialize_type = rocketmq_type
+    return cmd
+
+
 # --- encoding a command -----------------------------------------------------------------------
 
 
 def encode_frame(cmd):
     """The pure ``_encode_frame``: the whole frame of ``cmd``."""
+    if cmd.serialize_type is rocketmq_type:
+        return encode_binary(cmd)
     if cmd.serialize_type is not json_type:
         return pure_encode_frame(cmd)
     # The header object as the pure ``_encode_json`` builds it, in fastjson's order and with
@@ -224,6 +308,118 @@ def encode_frame(cmd):
     memcpy(out + 8, h, header_length)
     memcpy(out + 8 + header_length, PyBytes_AS_STRING(body), body_length)
     return frame
+
+
+cdef inline bint int_in(object value, long long low, long long high, long long* out):
+    """Whether ``value`` is an int (as struct packs it: a subclass too) within
+    ``low..high``; its value in ``out``."""
+    cdef int overflow = 0
+    if not PyLong_Check(value):
+        return False
+    out[0] = PyLong_AsLongLongAndOverflow(value, &overflow)
+    return overflow == 0 and low <= out[0] <= high
+
+
+cdef inline bint utf8_of(object text, Text* out):
+    """``text``'s UTF-8 bytes in ``out`` (kept by the str), where it is a str that has them:
+    False for anything else, a lone surrogate included."""
+    if not PyUnicode_CheckExact(text):
+        return False
+    try:
+        out.data = PyUnicode_AsUTF8AndSize(text, &out.size)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+cdef object encode_binary(object cmd):
+    """The pure ``_encode_frame`` of a ROCKETMQ command: its fields of the usual types
+    written in C, anything else (a number out of its field's range, a text that is not a
+    str or has no UTF-8, a header past 24 bits) handed to the pure encoder, which raises
+    what it raises."""
+    cdef long long code = 0, language = 0, version = 0, opaque = 0, flag = 0
+    cdef Text remark
+    cdef Text stack[STACK_TEXTS]
+    cdef Text* texts = stack
+    cdef Py_ssize_t at = 0, count, k = 0
+    cdef PyObject* key
+    cdef PyObject* value
+    fields = cmd.ext_fields
+    remark_text = cmd.remark
+    if not (int_in(cmd.code, INT16_MIN, INT16_MAX, &code)
+            and int_in(cmd.language, 0, 255, &language)
+            and int_in(cmd.version, INT16_MIN, INT16_MAX, &version)
+            and int_in(cmd.opaque, INT32_MIN, INT32_MAX, &opaque)
+            and int_in(cmd.flag, INT32_MIN, INT32_MAX, &flag)
+            and PyDict_CheckExact(fields)):
+        return pure_encode_frame(cmd)
+    remark.data, remark.size = NULL, 0
+    if remark_text is not None and not (PyUnicode_CheckExact(remark_text)
+                                        and utf8_of(remark_text, &remark)):
+        return pure_encode_frame(cmd)
+    count = PyDict_GET_SIZE(fields)
+    if 2 * count > STACK_TEXTS:
+        texts = <Text*>PyMem_Malloc(2 * count * sizeof(Text))
+        if texts is NULL:
+            raise MemoryError()
+    try:
+        while PyDict_Next(fields, &at, &key, &value):
+            if not (utf8_of(<object>key, &texts[k]) and utf8_of(<object>value, &texts[k + 1])):
+                return pure_encode_frame(cmd)
+            k += 2
+        frame = binary_frame(<int>code, <int>language, <int>version, <int32_t>opaque,
+                             <int32_t>flag, remark, texts, count, cmd.body)
+    finally:
+        if texts is not stack:
+            PyMem_Free(texts)
+    return pure_encode_frame(cmd) if frame is None else frame
+
+
+cdef object binary_frame(int code, int language, int version, int32_t opaque, int32_t flag,
+                         Text remark, const Text* texts, Py_ssize_t count, object body):
+    """The whole frame of a ROCKETMQ header of these fields (``texts``: ``count`` keys and
+    values, alternating) and ``body``, laid out as evq.net.protocol's module docstring
+    draws it; None where a length does not fit its field (a key past int16, a header past
+    24 bits, a frame past int32) or ``body`` is no ``bytes``, for the caller's pure way."""
+    cdef Py_ssize_t header_length = BINARY_FIXED + 4 + remark.size + 4, k, body_length
+    cdef uint8_t* out
+    if not PyBytes_CheckExact(body):
+        return None
+    for k in range(count):
+        if texts[2 * k].size > INT16_MAX:
+            return None
+        header_length += 2 + texts[2 * k].size + 4 + texts[2 * k + 1].size
+    body_length = PyBytes_GET_SIZE(body)
+    if header_length > HEADER_LENGTH_MASK or 4 + header_length + body_length > INT32_MAX:
+        return None
+    frame = PyBytes_FromStringAndSize(NULL, 8 + header_length + body_length)
+    out = <uint8_t*>PyBytes_AS_STRING(frame)
+    put32(out, <uint32_t>(4 + header_length + body_length))
+    put32(out + 4, <uint32_t>(1 << 24 | header_length))
+    out += 8
+    out[0], out[1], out[2] = <uint8_t>(code >> 8), <uint8_t>code, <uint8_t>language
+    out[3], out[4] = <uint8_t>(version >> 8), <uint8_t>version
+    put32(out + 5, <uint32_t>opaque)
+    put32(out + 9, <uint32_t>flag)
+    out = put_text(out + BINARY_FIXED, remark, 4)
+    put32(out, <uint32_t>(header_length - (BINARY_FIXED + 4 + remark.size + 4)))
+    out += 4
+    for k in range(count):
+        out = put_text(out, texts[2 * k], 2)
+        out = put_text(out, texts[2 * k + 1], 4)
+    memcpy(out, PyBytes_AS_STRING(body), body_length)
+    return frame
+
+
+cdef inline uint8_t* put_text(uint8_t* out, Text text, int width) noexcept:
+    """``text`` after its length in ``width`` (2 or 4) big-endian bytes."""
+    if width == 2:
+        out[0], out[1] = <uint8_t>(text.size >> 8), <uint8_t>text.size
+    else:
+        put32(out, <uint32_t>text.size)
+    if text.size:
+        memcpy(out + width, text.data, text.size)
+    return out + width + text.size
 
 
 # --- the send header --------------------------------------------------------------------------

@@ -19,7 +19,9 @@ A JSON header is one object; evq writes fastjson's alphabetical key order, compa
     {"code":0,"extFields":{"k":"v"},"flag":1,"language":"JAVA","opaque":7,
      "remark":"...","serializeTypeCurrentRPC":"JSON","version":407}
 
-The ROCKETMQ binary header (serialize type 1; no target client speaks it)::
+The ROCKETMQ binary header (serialize type 1: what evq's producer sends its sends in, and
+Java clients with ``rocketmq.serialize.type=ROCKETMQ``; a 4.x broker answers in the request's
+own serialization)::
 
     offset  size  field
     ------  ----  ------------------------------------------------------------------
@@ -666,7 +668,8 @@ def _compiled_kernels() -> FrameCodec | None:
         orjson_loads=orjson.loads, orjson_dumps=orjson.dumps,
         orjson_decode_error=orjson.JSONDecodeError, orjson_encode_error=orjson.JSONEncodeError,
         languages_by_name=_LANGUAGE_BY_NAME, names_of_languages=_LANGUAGE_NAMES,
-        other_language=_LANGUAGE_OTHER, evq_language_name=_EVQ_LANGUAGE_NAME, json=_JSON)
+        other_language=_LANGUAGE_OTHER, evq_language_name=_EVQ_LANGUAGE_NAME,
+        languages_by_code=_LANGUAGE_BY_CODE, json=_JSON, rocketmq=SerializeType.ROCKETMQ)
     return FrameCodec(frame_kernels.take_frame, frame_kernels.encode_frame,
                       frame_kernels.parse_int_field, frame_kernels.parse_long_field)
 

@@ -24,7 +24,12 @@ from evq.client.producer import COMPILED, PURE, SendStatus, send_command
 from evq.domain.message import MAX_PROPERTIES_BYTES, Message, Prop
 from evq.domain.queues import MessageQueue
 from evq.domain.topics import RETRY_PREFIX
-from evq.net.protocol import HEADER_LENGTH_MASK, PURE_PYTHON_VARIABLE, RemotingCommand
+from evq.net.protocol import (
+    HEADER_LENGTH_MASK,
+    PURE_PYTHON_VARIABLE,
+    RemotingCommand,
+    SerializeType,
+)
 from tests.processes import REPO_ROOT, python_env
 from tests.strategies import bodies, codec_topics, properties, sysflags
 
@@ -89,11 +94,11 @@ def assert_same_request(group: object, queue: MessageQueue, msg: Message, opaque
 @example(group="P", topic="T", queue_id=0, body=b"", props={}, sysflag=0, born=0, flag=0,
          reconsume=0, opaque=1)
 @example(group="P", topic="T", queue_id=0, body=b"x", props={"k": "\x7f"}, sysflag=0, born=0,
-         flag=0, reconsume=0, opaque=1)  # DEL: orjson leaves it, json escapes it
+         flag=0, reconsume=0, opaque=1)  # DEL
 @example(group="P", topic="T", queue_id=0, body=b"x", props={"k": "\x7f\u00e9\U0001F600"},
-         sysflag=0, born=0, flag=0, reconsume=0, opaque=1)
+         sysflag=0, born=0, flag=0, reconsume=0, opaque=1)  # UTF-8 of two, three, four bytes
 @example(group="P", topic="T", queue_id=0, body=b"x", props={"k": "\ud800"}, sysflag=0,
-         born=0, flag=0, reconsume=0, opaque=1)  # a lone surrogate: orjson refuses it
+         born=0, flag=0, reconsume=0, opaque=1)  # a lone surrogate: no UTF-8, so JSON
 @example(group="P", topic="T", queue_id=0, body=b"x", props={"": "v"}, sysflag=0, born=0,
          flag=0, reconsume=0, opaque=1)
 @example(group="P", topic="T", queue_id=0, body=b"x", props={"k": "a\x01b"}, sysflag=0,
@@ -196,3 +201,22 @@ def test_a_request_from_the_kernel_reads_back_as_sent() -> None:
     decoder.feed(frame)
     decoded = decoder.next_command()
     assert isinstance(decoded, RemotingCommand) and decoded == cmd
+
+
+@pytest.mark.parametrize(("props", "kind"), [
+    ({Prop.UNIQ_KEY: "K", Prop.TAGS: "t\u00e9\U0001F600"}, SerializeType.ROCKETMQ),
+    ({Prop.UNIQ_KEY: "K", "k": "\udc80"}, SerializeType.JSON),  # surrogateescape's kind
+])
+def test_a_send_goes_in_the_binary_header_where_utf8_carries_it(
+        props: dict[str, str], kind: SerializeType) -> None:
+    """The header's serialization is in the frame's header word, and the broker reads the
+    command back either way."""
+    from evq.net.protocol import FrameDecoder
+
+    msg = sent("T", b"payload", props, born=1_700_000_000_000)
+    for kernels in (COMPILED, PURE):
+        cmd, frame = kernels.send_request("G", MessageQueue("T", "b", 2), msg, 41)
+        assert frame is not None and frame[4] == kind == cmd.serialize_type
+        decoder = FrameDecoder()
+        decoder.feed(frame)
+        assert decoder.next_command() == cmd

@@ -204,3 +204,77 @@ def test_header_numbers_parse_the_same(name: str, text: str) -> None:
     for compiled, pure in ((COMPILED.parse_int_field, PURE.parse_int_field),
                            (COMPILED.parse_long_field, PURE.parse_long_field)):
         assert outcome(compiled, name, text) == outcome(pure, name, text)
+
+
+# --- the ROCKETMQ binary header ---------------------------------------------------------------
+
+_texts = st.text(max_size=6)  # any str: lone surrogates too, which UTF-8 cannot carry
+_raw_texts = st.binary(max_size=6) | _texts.map(lambda t: t.encode("utf-8", "surrogatepass"))
+"""Header text bytes: UTF-8 or not (a surrogate's bytes, a cut sequence, anything)."""
+
+
+@st.composite
+def binary_headers(draw: st.DrawFn) -> bytes:
+    """A ROCKETMQ header built field by field, each length either the true one or any other
+    (negative, past the end, into the next field), each text any bytes: every way the
+    decoder can stop, and the well-formed headers between them."""
+
+    def length(fmt: str, true: int) -> bytes:
+        bound = 2**15 if fmt == ">h" else 2**31
+        return struct.pack(fmt, draw(st.just(true) | st.integers(-bound, bound - 1)))
+
+    remark = draw(st.just(b"") | _raw_texts)
+    entries = b"".join(
+        length(">h", len(key)) + key + length(">i", len(value)) + value
+        for key, value in draw(st.lists(st.tuples(_raw_texts, _raw_texts), max_size=5)))
+    header = (struct.pack(">hBhii", draw(_INT16S), draw(st.integers(0, 255)), draw(_INT16S),
+                          draw(st.integers(-(2**31), 2**31 - 1)), draw(st.integers(0, 3)))
+              + length(">i", len(remark)) + remark + length(">i", len(entries)) + entries)
+    return header[:draw(st.integers(0, len(header)))] if draw(st.booleans()) else header
+
+
+_INT16S = st.integers(-(2**15), 2**15 - 1)
+
+
+@given(binary_headers(), st.binary(max_size=8), st.lists(st.integers(0, 120), max_size=3))
+@example(struct.pack(">hBhiii", 10, 0, 1, 7, 0, 0) + struct.pack(">i", 0), b"", [])
+@example(struct.pack(">hBhiiii", 10, 200, 1, 7, 0, 2, 0) + b"\xc3\xa9"  # remark: é
+         + struct.pack(">i", 9) + struct.pack(">h", 1) + b"k" + struct.pack(">i", 2) + b"\xed\xa0",
+         b"x", [])  # a value cut inside a surrogate's bytes: not UTF-8
+def test_any_binary_header_gives_the_same(header: bytes, body: bytes, cuts: list[int]) -> None:
+    assert_same_taking(frame(header, body, kind=1), cuts)
+
+
+@given(st.dictionaries(_texts, _texts, max_size=20), st.none() | _texts,
+       st.integers(-(2**16), 2**16) | st.sampled_from(LanguageCode), st.integers(-(2**33), 2**33))
+def test_any_binary_command_encodes_the_same(fields: dict[str, str], remark: str | None,
+                                             code: int, opaque: int) -> None:
+    """Fields past the stack's room (more than 16), texts no UTF-8 carries, numbers past
+    their fields: the same frame or the same error."""
+    cmd = RemotingCommand(code=10, ext_fields=fields, body=b"xyz",
+                          serialize_type=SerializeType.ROCKETMQ)
+    cmd.remark, cmd.code, cmd.opaque = remark, code, opaque
+    assert outcome(COMPILED.encode_frame, cmd) == outcome(PURE.encode_frame, cmd)
+    cmd.language = code  # a language code past a byte, or one that is not a LanguageCode
+    assert outcome(COMPILED.encode_frame, cmd) == outcome(PURE.encode_frame, cmd)
+
+
+@pytest.mark.parametrize("fields", [
+    {"ext_fields": {"k" * 32767: "v"}},  # the longest key int16 holds
+    {"ext_fields": {"k" * 32768: "v"}},  # one past it
+    {"ext_fields": {"k": "v" * ((1 << 24) - 30)}},  # a header at 24 bits, and past it
+    {"ext_fields": {"k": "v" * ((1 << 24) - 29)}},
+    {"ext_fields": {"k": 7}},  # assigned past the converter
+    {"ext_fields": [("k", "v")]},
+    {"remark": b"bytes"},
+    {"remark": ""},
+    {"version": 2**15},
+    {"flag": True},
+    {"body": bytearray(b"abc")},
+])
+def test_encoding_unusual_binary_fields_gives_the_same(fields: dict[str, Any]) -> None:
+    cmd = RemotingCommand(code=10, ext_fields={"a": "b"}, body=b"xyz",
+                          serialize_type=SerializeType.ROCKETMQ)
+    for name, value in fields.items():
+        setattr(cmd, name, value)
+    assert outcome(COMPILED.encode_frame, cmd) == outcome(PURE.encode_frame, cmd)

@@ -41,7 +41,7 @@ from evq.net.broker import send as send_processor
 from evq.net.broker.names import names_checked
 from evq.net.codes import RequestCode
 from evq.net.headers.admin import CreateTopicRequest
-from evq.net.protocol import ONEWAY_FLAG, FrameDecoder, RemotingCommand
+from evq.net.protocol import ONEWAY_FLAG, FrameDecoder, RemotingCommand, SerializeType
 from evq.net.send_header import COMPILED_PARSE
 from evq.settings import build
 from tests.net.harness import RawPeer
@@ -155,6 +155,9 @@ def request(rng: random.Random, clock: ManualClock) -> RemotingCommand:
         cmd.flag |= ONEWAY_FLAG
     if rng.random() < 0.03:
         cmd.ext_fields["g"] = "+" + cmd.ext_fields.get("g", "0")  # the reference parser's
+    # Both serializations a client may send (evq's producer sends ROCKETMQ, the stock clients
+    # JSON): each answered in its own.
+    cmd.serialize_type = rng.choice([SerializeType.JSON, SerializeType.ROCKETMQ])
     return cmd
 
 
@@ -176,6 +179,7 @@ async def test_lane_answers_and_stores_as_the_processor(tmp_path: Path, config: 
             RawPeer.connect(lane.server) as lane_peer, \
             RawPeer.connect(reference.server) as reference_peer:
         codes: dict[int, int] = {}
+        kinds: dict[SerializeType, int] = {}
         for i in range(600):
             cmd = request(rng, clock)
             opaque = rng.choice([i + 1, 2**31 - 1, -(2**31), 0])
@@ -188,6 +192,9 @@ async def test_lane_answers_and_stores_as_the_processor(tmp_path: Path, config: 
                 assert as_reference(got, lane, reference) == want, (i, got, want)
                 answer = decoded(got)
                 codes[answer.code] = codes.get(answer.code, 0) + 1
+                assert answer.serialize_type == cmd.serialize_type
+                if answer.code == ResponseCode.SUCCESS:
+                    kinds[answer.serialize_type] = kinds.get(answer.serialize_type, 0) + 1
             if rng.random() < 0.2:
                 clock.advance(rng.randrange(1, 2000) / 1000)
         # Both ways were taken, and every outcome the sequence meant to reach was reached.
@@ -196,6 +203,7 @@ async def test_lane_answers_and_stores_as_the_processor(tmp_path: Path, config: 
         assert lane.lane.handed_over > 100  # type: ignore[attr-defined]
         lane_answers = config in ("mmap", "mmap-transient-pool")
         assert (lane.lane.taken > 100) is lane_answers  # type: ignore[attr-defined]
+        assert kinds.keys() == set(SerializeType), kinds
         # The runtime info reports the lane's counters, as `evq admin brokerStatus` shows them.
         info = RemotingCommand(code=RequestCode.GET_BROKER_RUNTIME_INFO)
         table = json.loads(decoded(await ask(lane_peer, info, 7) or b"").body)["table"]
@@ -270,21 +278,27 @@ async def test_lane_follows_topic_changes(tmp_path: Path) -> None:
 
 @given(host=st.tuples(st.ip_addresses(), st.integers(0, 65535)),
        physical_offset=st.integers(0, 2**63 - 1), queue_id=st.integers(0, 2**31 - 1),
-       queue_offset=st.integers(0, 2**63 - 1), opaque=st.integers(-(2**31), 2**31 - 1))
+       queue_offset=st.integers(0, 2**63 - 1), opaque=st.integers(-(2**31), 2**31 - 1),
+       kind=st.sampled_from(SerializeType))
 def test_lane_answer_frame_is_the_processors(host: tuple[object, int], physical_offset: int,
-                                             queue_id: int, queue_offset: int,
-                                             opaque: int) -> None:
+                                             queue_id: int, queue_offset: int, opaque: int,
+                                             kind: SerializeType) -> None:
     """Spliced into the template, any values give the frame the processor's encoder writes,
-    its msgId made as RocketMQ's offsetMsgId (IPv4 and IPv6 store hosts alike)."""
-    from evq.net.broker.send_lane import answer_frame
+    its msgId made as RocketMQ's offsetMsgId (IPv4 and IPv6 store hosts alike), in either
+    serialization."""
+    from evq.net.broker.send_lane import answer_frame, binary_answer_frame
 
     raw = host_bytes((str(host[0]), host[1]))
-    cmd = RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=opaque)
+    cmd = RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=opaque, serialize_type=kind)
     want = send_processor.stored_response(cmd, send_processor.Stored(
         PutStatus.PUT_OK, queue_id, queue_offset, 0, offset_msg_id(raw, physical_offset), 1, 0,
         False)).encode()
-    got = answer_frame(send_processor.answer_template(), raw, physical_offset, queue_id,
-                       queue_offset, opaque)
+    if kind is SerializeType.JSON:
+        got = answer_frame(send_processor.answer_template(), raw, physical_offset, queue_id,
+                           queue_offset, opaque)
+    else:
+        got = binary_answer_frame(send_processor.binary_answer_template(), raw,
+                                  physical_offset, queue_id, queue_offset, opaque)
     assert got == want
 
 

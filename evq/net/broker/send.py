@@ -188,17 +188,23 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
 _MARKS: Final = ("0123456789ABCDEFFEDCBA9876543210", 1357913579, 2468024680246802, 1975318642)
 
 
-def answer_template() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
-    """The header of the processor's answer to a stored single send, as the lane splices it:
-    its literal pieces, and which value (msgId, queueId, queueOffset, opaque) follows each.
-    Written by :func:`stored_response` and the frame encoder, so the lane writes what they write;
-    a value that does not show exactly once stops the lane from being built."""
+def _marked_answer(serialize_type: SerializeType) -> RemotingCommand:
+    """The processor's answer to a stored single send of ``serialize_type``, the marks in
+    its values."""
     msg_id, queue_id, queue_offset, opaque = _MARKS
     request = RemotingCommand.direct(RequestCode.SEND_MESSAGE_V2, EVQ_LANGUAGE, EVQ_VERSION,
-                                     opaque, 0, None, {}, b"", SerializeType.JSON)
-    frame = stored_response(request, Stored(PutStatus.PUT_OK, queue_id, queue_offset, 0, msg_id,
-                                            1, 0, False)).encode()
-    header = frame[8:]
+                                     opaque, 0, None, {}, b"", serialize_type)
+    return stored_response(request, Stored(PutStatus.PUT_OK, queue_id, queue_offset, 0, msg_id,
+                                           1, 0, False))
+
+
+def answer_template() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
+    """The header of the processor's answer to a stored single send with a JSON header, as
+    the lane splices it: its literal pieces, and which value (msgId, queueId, queueOffset,
+    opaque) follows each.  Written by :func:`stored_response` and the frame encoder, so the
+    lane writes what they write; a value that does not show exactly once stops the lane from
+    being built."""
+    header = _marked_answer(SerializeType.JSON).encode()[8:]
     marks = [str(m).encode() for m in _MARKS]
     if any(header.count(m) != 1 for m in marks):
         raise RuntimeError(f"the send's answer has no place for each value: {header!r}")
@@ -210,6 +216,28 @@ def answer_template() -> tuple[tuple[bytes, ...], tuple[int, ...]]:
         at = start + len(marks[k])
     pieces.append(header[at:])
     return tuple(pieces), tuple(order)
+
+
+BinaryTemplate = tuple[tuple[int, int, int, int], tuple[tuple[bytes, bytes | int], ...]]
+"""The answer to a ROCKETMQ send: its code, language, version and flag, then each header
+field's key and either its literal value (UTF-8) or which value (msgId, queueId,
+queueOffset) goes there."""
+
+
+def binary_answer_template() -> BinaryTemplate:
+    """The processor's answer to a stored single send with a ROCKETMQ header, as the lane
+    writes it (with the frame kernels' ROCKETMQ writer, the encoder's own): the opaque in
+    its fixed field, each other value where :func:`stored_response` puts it.  A value that
+    is not one field's, or a remark, stops the lane from being built."""
+    answer = _marked_answer(SerializeType.ROCKETMQ)
+    marks = {str(m): k for k, m in enumerate(_MARKS[:3])}
+    values = list(answer.ext_fields.values())
+    if (answer.remark is not None or answer.opaque != _MARKS[3]
+            or sorted(marks) != sorted(v for v in values if v in marks)):
+        raise RuntimeError(f"the send's answer has no place for each value: {answer!r}")
+    return ((int(answer.code), int(answer.language), int(answer.version), int(answer.flag)),
+            tuple((key.encode(), marks.get(value, value.encode()))
+                  for key, value in answer.ext_fields.items()))
 
 
 def send_lane(ctx: BrokerContext, general: Handler,
@@ -229,5 +257,6 @@ def send_lane(ctx: BrokerContext, general: Handler,
         general=general, ctx=ctx, answer_put=answer_put, plain_records=sent.plain_records,
         parse_host=parse_host, host_bytes=host_bytes, is_ipv6=is_ipv6,
         appended_records=AppendedRecords, terms=terms, template=answer_template(),
-        v1_code=RequestCode.SEND_MESSAGE, v2_code=RequestCode.SEND_MESSAGE_V2,
-        json_type=SerializeType.JSON))
+        binary_template=binary_answer_template(), v1_code=RequestCode.SEND_MESSAGE,
+        v2_code=RequestCode.SEND_MESSAGE_V2, json_type=SerializeType.JSON,
+        rocketmq_type=SerializeType.ROCKETMQ))

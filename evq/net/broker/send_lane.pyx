@@ -11,11 +11,13 @@ the header with the frame kernels' send-header reader, asks the broker once per 
 again whenever its metadata changes) how many queues a plain send may name, makes the record
 with the same ``plain_records`` kernel, appends it through the log as the processor does, and
 answers with the processor's own answer bytes, cut once from a template the processor's
-encoder wrote, the four values spliced in.  (That is where the log sums up its appends, as
-the mmap store does; another backend's results are answered by the processor's code after
-the lane's append.)
+encoder wrote, the four values spliced in; a send with a ROCKETMQ binary header (as evq's
+producer sends) is answered in kind, by the frame kernels' binary writer, from the fields of
+the processor's own binary answer.  (That is where the log sums up its appends, as the mmap
+store does; another backend's results are answered by the processor's code after the lane's
+append.)
 
-Everything else (a batch, a binary header, an unusual field, a queue the producer left
+Everything else (a batch, a header of another serialization, an unusual field, a queue the producer left
 to the broker, a topic that is new, read-only, a retry topic or needs routing, a put that
 waits for the flusher or a slave, one behind a large put, an IPv6 peer, any refusal) goes the
 processor's way, which stays the reference: the lane decides nothing of its own, and its
@@ -30,9 +32,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from evq.byte_order cimport put32
-from evq.net.frame_kernels cimport SendFields, read_send_fields
-from libc.stdint cimport uint8_t
-from libc.string cimport memcpy, memset
+from evq.net.frame_kernels cimport SendFields, Text, binary_frame, read_send_fields
+from libc.stdint cimport int32_t, uint8_t
+from libc.string cimport memcpy
 
 cdef extern from "Python.h":
     bint PyDict_CheckExact(object)
@@ -40,6 +42,7 @@ cdef extern from "Python.h":
 cdef enum:
     MAX_CACHED = 4096  # topics (existing ones) and peers remembered, at most
     MAX_VALUE = 64  # bytes of one spliced value (a msgId 32, 56 for an IPv6 host; a long 20)
+    MAX_FIELDS = 16  # header fields of the binary answer (it has five)
 
 cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.send._MARKS)
     MSG_ID = 0
@@ -89,7 +92,9 @@ cdef class SendLane:
     cdef dict hosts  # peer address -> its host bytes as stored, None for IPv6
     cdef tuple pieces  # the answer header's literal bytes around the values
     cdef tuple order  # which value follows each piece but the last
-    cdef object v1_code, v2_code, json_type
+    cdef tuple binary_fixed  # the binary answer's code, language, version and flag
+    cdef tuple binary_fields  # its fields: (key, literal value or which value goes there)
+    cdef object v1_code, v2_code, json_type, rocketmq_type
     cdef readonly unsigned long long taken
     """Sends the lane answered (C counters: what a metrics surface reads for free)."""
     cdef readonly unsigned long long handed_over
@@ -101,7 +106,8 @@ cdef class SendLane:
         return len(self.queues)
 
     def __init__(self, *, general, ctx, answer_put, plain_records, parse_host, host_bytes,
-                 is_ipv6, appended_records, terms, template, v1_code, v2_code, json_type):
+                 is_ipv6, appended_records, terms, template, binary_template, v1_code,
+                 v2_code, json_type, rocketmq_type):
         self.general, self.ctx, self.core = general, ctx, ctx.core
         self.log, self.answer_put = self.core.log, answer_put
         self.plain_records, self.parse_host = plain_records, parse_host
@@ -110,14 +116,18 @@ cdef class SendLane:
         self.version = None
         self.queues, self.hosts = {}, {}
         self.pieces, self.order = checked_template(template)
-        self.v1_code, self.v2_code, self.json_type = v1_code, v2_code, json_type
+        self.binary_fixed, self.binary_fields = checked_binary_template(binary_template)
+        self.v1_code, self.v2_code = v1_code, v2_code
+        self.json_type, self.rocketmq_type = json_type, rocketmq_type
 
     def __call__(self, conn, cmd):
         cdef SendFields f
         cdef PyObject* found
         ctx, fields = self.ctx, cmd.ext_fields
         code = cmd.code
-        if ((code != self.v2_code and code != self.v1_code) or cmd.serialize_type != self.json_type
+        binary = cmd.serialize_type is self.rocketmq_type
+        if ((code != self.v2_code and code != self.v1_code)
+                or (not binary and cmd.serialize_type != self.json_type)
                 or not PyDict_CheckExact(fields)
                 or not read_send_fields(code, cmd.version, <dict>fields, &f)
                 or f.batch or f.queue_id < 0 or ctx.durable is not None
@@ -169,6 +179,9 @@ cdef class SendLane:
                 stats.messages_put += 1
                 stats.bytes_put += size
                 self.taken += 1
+                if binary:
+                    return splice_binary(self.binary_fixed, self.binary_fields, host,
+                                         physical, f.queue_id, queue_offset, cmd.opaque)
                 return splice(self.pieces, self.order, host, physical, f.queue_id,
                               queue_offset, cmd.opaque)
         self.handed_over += 1
@@ -182,6 +195,13 @@ def answer_frame(template, host, physical_offset, queue_id, queue_offset, opaque
     return splice(pieces, order, host, physical_offset, queue_id, queue_offset, opaque)
 
 
+def binary_answer_frame(template, host, physical_offset, queue_id, queue_offset, opaque):
+    """The binary answer frame ``template`` (evq.net.broker.send.binary_answer_template)
+    makes of these values, as the lane writes it."""
+    fixed, fields = checked_binary_template(template)
+    return splice_binary(fixed, fields, host, physical_offset, queue_id, queue_offset, opaque)
+
+
 cdef tuple checked_template(object template):
     """``template`` as the lane splices it: four values, each ordered once, and a piece of
     bytes around each; else a ValueError."""
@@ -193,20 +213,34 @@ cdef tuple checked_template(object template):
     return pieces, order
 
 
-cdef bytes splice(tuple pieces, tuple order, bytes host, long long physical_offset,
-                  long long queue_id, long long queue_offset, long long opaque):
-    """The processor's answer frame with these values (see evq.net.broker.send); the msgId is
-    RocketMQ's offsetMsgId, ``host`` and the 8-byte physical offset in uppercase hex."""
-    cdef uint8_t values[4][MAX_VALUE]
-    cdef Py_ssize_t lengths[4]
-    cdef Py_ssize_t n, header = 0, i, at, host_size
+cdef tuple checked_binary_template(object template):
+    """``template`` as the lane writes it: the four fixed numbers in their fields' ranges, at
+    most MAX_FIELDS fields of bytes keys, each value literal bytes or msgId, queueId or
+    queueOffset, each of the three once; else a ValueError."""
+    fixed, fields = template
+    if (type(fixed) is not tuple or len(fixed) != 4 or type(fields) is not tuple
+            or any(type(n) is not int for n in fixed)
+            or not (-2**15 <= fixed[0] < 2**15 and 0 <= fixed[1] < 256
+                    and -2**15 <= fixed[2] < 2**15 and -2**31 <= fixed[3] < 2**31)
+            or len(fields) > MAX_FIELDS
+            or any(type(f) is not tuple or len(f) != 2 or type(f[0]) is not bytes
+                   or type(f[1]) not in (bytes, int) for f in fields)
+            or sorted(f[1] for f in fields if type(f[1]) is int)
+            != [MSG_ID, QUEUE_ID, QUEUE_OFFSET]):
+        raise ValueError(f"not a binary answer template: {template!r:.200}")
+    return fixed, fields
+
+
+cdef void answer_values(bytes host, long long physical_offset, long long queue_id,
+                        long long queue_offset, long long opaque,
+                        uint8_t values[4][MAX_VALUE], Py_ssize_t lengths[4]) except *:
+    """The answer's four values as text: the msgId is RocketMQ's offsetMsgId, ``host`` and
+    the 8-byte physical offset in uppercase hex; the others in decimal."""
+    cdef Py_ssize_t i, host_size
     cdef const uint8_t* h
-    cdef bytes piece, frame
-    cdef uint8_t* out
     if host is None or 2 * (PyBytes_GET_SIZE(host) + 8) > MAX_VALUE:
         raise ValueError(f"a store host the answer cannot hold: {host!r:.80}")
     host_size, h = PyBytes_GET_SIZE(host), <const uint8_t*>PyBytes_AS_STRING(host)
-    memset(lengths, 0, sizeof(lengths))
     for i in range(host_size):
         values[MSG_ID][2 * i] = HEX[h[i] >> 4]
         values[MSG_ID][2 * i + 1] = HEX[h[i] & 15]
@@ -217,6 +251,42 @@ cdef bytes splice(tuple pieces, tuple order, bytes host, long long physical_offs
     lengths[QUEUE_ID] = decimal(queue_id, values[QUEUE_ID])
     lengths[QUEUE_OFFSET] = decimal(queue_offset, values[QUEUE_OFFSET])
     lengths[OPAQUE] = decimal(opaque, values[OPAQUE])
+
+
+cdef object splice_binary(tuple fixed, tuple fields, bytes host, long long physical_offset,
+                          long long queue_id, long long queue_offset, long long opaque):
+    """The processor's binary answer frame with these values (see
+    evq.net.broker.send.binary_answer_template), the opaque in its int32 field."""
+    cdef uint8_t values[4][MAX_VALUE]
+    cdef Py_ssize_t lengths[4]
+    cdef Text texts[2 * MAX_FIELDS]
+    cdef Text remark
+    cdef Py_ssize_t k, which
+    answer_values(host, physical_offset, queue_id, queue_offset, opaque, values, lengths)
+    for k in range(len(fields)):
+        key, value = <tuple>fields[k]
+        texts[2 * k].data, texts[2 * k].size = PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)
+        if type(value) is int:
+            which = value
+            texts[2 * k + 1].data = <const char*>values[which]
+            texts[2 * k + 1].size = lengths[which]
+        else:
+            texts[2 * k + 1].data = PyBytes_AS_STRING(value)
+            texts[2 * k + 1].size = PyBytes_GET_SIZE(value)
+    remark.data, remark.size = NULL, 0
+    return binary_frame(fixed[0], fixed[1], fixed[2], <int32_t>opaque, fixed[3], remark, texts,
+                        len(fields), b"")
+
+
+cdef bytes splice(tuple pieces, tuple order, bytes host, long long physical_offset,
+                  long long queue_id, long long queue_offset, long long opaque):
+    """The processor's answer frame with these values (see evq.net.broker.send)."""
+    cdef uint8_t values[4][MAX_VALUE]
+    cdef Py_ssize_t lengths[4]
+    cdef Py_ssize_t n, header = 0, i, at
+    cdef bytes piece, frame
+    cdef uint8_t* out
+    answer_values(host, physical_offset, queue_id, queue_offset, opaque, values, lengths)
     n = len(order)
     for i in range(n + 1):
         header += PyBytes_GET_SIZE(<bytes>pieces[i])
