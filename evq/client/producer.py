@@ -53,6 +53,7 @@ from evq.net.protocol import (
     SerializeType,
     parse_int_field,
     parse_long_field,
+    serialization_for,
 )
 from evq.net.security import ClientSecurity
 from evq.net.transport import Dispatcher, Handler, TransportError
@@ -493,10 +494,8 @@ def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch:
     ``msgs`` (stamped already: UNIQ_KEY, birth time) to ``queue``; its opaque is the
     connection's to set.
 
-    Its header is RocketMQ's binary (ROCKETMQ) serialization, which every 4.x broker reads
-    and answers in kind: a broker reads it in a fraction of a JSON header's time, and a send
-    is the request a producer makes most.  A header text that UTF-8 cannot carry (a lone
-    surrogate, which a Python str may hold) goes as JSON, which escapes it."""
+    Its header is RocketMQ's binary one where it can be (:func:`serialization_for`): a
+    send is the request a producer makes most."""
     first = msgs[0]
     if batch:
         # The broker compresses each entry itself; a batch goes out uncompressed.
@@ -517,21 +516,9 @@ def send_command(group: str, queue: MessageQueue, msgs: list[Message], *, batch:
     if queue.topic.startswith(tp.RETRY_PREFIX) and Prop.MAX_RECONSUME_TIMES in first.properties:
         # A consumer's own retry: the broker moves it to the DLQ past the consumer's limit.
         fields["l"] = str(int(first.properties[Prop.MAX_RECONSUME_TIMES]))
-    kind = (SerializeType.ROCKETMQ if all(map(_utf8_carries, fields.values()))
-            else SerializeType.JSON)
     return RemotingCommand.direct(_SEND_BATCH if batch else _SEND, EVQ_LANGUAGE,
-                                  EVQ_VERSION, 0, 0, None, fields, body, kind)
-
-
-def _utf8_carries(text: str) -> bool:
-    """Whether ``text`` has a UTF-8 form (every str but one holding a lone surrogate)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+                                  EVQ_VERSION, 0, 0, None, fields, body,
+                                  serialization_for(fields))
 
 
 def _batch_request(group: str, queue: MessageQueue, msgs: list[Message], opaque: int

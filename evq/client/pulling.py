@@ -27,7 +27,7 @@ from evq.net.headers.pull import (
     PullRequest,
     PullResponse,
 )
-from evq.net.protocol import HeaderFieldError, RemotingCommand
+from evq.net.protocol import HeaderFieldError, RemotingCommand, serialization_for
 
 SUSPEND_MS: Final = 15_000
 LONG_POLL_TIMEOUT_S: Final = 30.0
@@ -72,14 +72,18 @@ class Subscription:
 def pull_request(group: str, queue: MessageQueue, offset: int, sub: Subscription, *,
                  max_nums: int = 32, commit_offset: int = -1, suspend_ms: int = SUSPEND_MS
                  ) -> RemotingCommand:
+    """The PULL_MESSAGE of ``queue`` from ``offset``, its header in the serialization
+    :func:`serialization_for` picks (a consumer's most frequent request, like a send)."""
     flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
     if commit_offset > 0:
         flags |= FLAG_COMMIT_OFFSET
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest.write(
+    cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullRequest.write(
         consumer_group=group, topic=queue.topic, queue_id=queue.queue_id, queue_offset=offset,
         max_msg_nums=max_nums, sys_flag=flags, commit_offset=max(commit_offset, 0),
         suspend_timeout_millis=suspend_ms, subscription=sub.expression,
         sub_version=sub.version, expression_type=sub.expression_type))
+    cmd.serialize_type = serialization_for(cmd.ext_fields)
+    return cmd
 
 
 def restore_topic(msg: Message) -> Message:

@@ -264,6 +264,21 @@ class RemotingCommand:
 _new_command = object.__new__
 
 
+def serialization_for(fields: Mapping[str, str]) -> SerializeType:
+    """The serialization evq's client sends a hot request's header ``fields`` in: RocketMQ's
+    binary ROCKETMQ, which every 4.x broker reads and answers in kind, and which a broker
+    reads in a fraction of a JSON header's time; JSON where a text has no UTF-8 (a lone
+    surrogate, which a Python str may hold and JSON escapes)."""
+    for field in fields.items():
+        for text in field:
+            if not text.isascii():
+                try:
+                    text.encode()
+                except UnicodeEncodeError:
+                    return SerializeType.JSON
+    return SerializeType.ROCKETMQ
+
+
 class OpaqueCounter:
     """Request ids for one sender: 1 up to 2**31 - 1, then round again.
 

@@ -15,9 +15,10 @@ import pytest
 from evq.client.blocking import SyncProducer, SyncPullConsumer
 from evq.client.errors import ClientError
 from evq.client.pull_consumer import PULL_TIMEOUT_MARGIN_S
-from evq.client.pulling import PullResult, PullStatus
+from evq.client.pulling import PullResult, PullStatus, Subscription, pull_request
 from evq.domain.message import new_message
 from evq.domain.queues import MessageQueue
+from evq.net.protocol import SerializeType
 from tests.client.conftest import Served
 from tests.cluster import running_cluster
 from tests.ha.group import admin_tables, log_end
@@ -150,3 +151,15 @@ def test_a_killed_masters_queues_are_polled_from_its_slave(tmp_path: Path) -> No
             assert c.lines(master) == 0 and c.lines(slave) == 1
             assert c.direct_polls > before
     assert sorted(read) == sorted(bodies)
+
+
+@pytest.mark.parametrize(("expression", "kind"), [
+    ("a || b\u00e9", SerializeType.ROCKETMQ),
+    ("a || \udc80", SerializeType.JSON),  # a lone surrogate (surrogateescape's): no UTF-8
+])
+def test_a_pull_goes_in_the_binary_header_where_utf8_carries_it(
+        expression: str, kind: SerializeType) -> None:
+    """A consumer's pulls, the request it makes most, go as ROCKETMQ headers (the polls
+    above run on them); a subscription no UTF-8 carries goes as JSON, which escapes it."""
+    cmd = pull_request("G", MessageQueue("T", "b", 0), 5, Subscription("T", expression))
+    assert cmd.serialize_type is kind

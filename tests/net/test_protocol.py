@@ -480,3 +480,26 @@ def test_json_header_short_way_reads_every_header_as_the_checked_way(
             return (exc.reason, exc.opaque)
 
     assert outcome(protocol._decode_json) == outcome(protocol._decode_json_checked)
+
+
+def _has_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@given(st.dictionaries(st.text(max_size=4), st.text(max_size=8), max_size=4))
+def test_a_hot_request_goes_binary_wherever_utf8_carries_its_texts(
+        fields: dict[str, str]) -> None:
+    """Any key and value (every character a str holds, lone surrogates too): ROCKETMQ exactly
+    when each has UTF-8, else JSON; either way the broker reads the command back as sent."""
+    kind = protocol.serialization_for(fields)
+    texts = [t for field in fields.items() for t in field]
+    assert (kind is SerializeType.ROCKETMQ) == all(map(_has_utf8, texts))
+    cmd = RemotingCommand(code=RequestCode.PULL_MESSAGE, opaque=3, ext_fields=fields,
+                          serialize_type=kind)
+    decoder = FrameDecoder()
+    decoder.feed(cmd.encode())
+    assert decoder.next_command() == cmd
