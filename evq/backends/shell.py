@@ -38,7 +38,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from pathlib import Path
 
 from evq import durable_fs, logs
@@ -204,12 +204,13 @@ class StoreShell(MessageLog):
     def max_record_size(self) -> int:
         return self._max_record
 
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
+    def subscribe_dispatch(self, callback: DispatchCallback,
+                           wanted: Sized | None = None) -> Callable[[], None]:
         # Under the put lock: an append decides as it starts whether to report its batch (it
         # builds reports only for listeners), so one under way when a listener comes would
         # go unreported to it; it finishes first, and the listener's first read sees it.
         with self._put_lock:
-            return self._subscribers.subscribe(callback)
+            return self._subscribers.subscribe(callback, wanted)
 
     # --- disk guard and cleaning ----------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 
 import attrs
 
@@ -379,12 +379,18 @@ class MessageLog(abc.ABC):
     # --- projections ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
+    def subscribe_dispatch(self, callback: DispatchCallback,
+                           wanted: Sized | None = None) -> Callable[[], None]:
         """Call ``callback`` with each dispatched batch (after the ConsumeQueue and index hold
         it); returns the unsubscribe function.  An append under way when this is called
         finishes before it returns, and what was appended before is readable once it returns
         (a store with a transient store pool commits it), so a listener that reads after
-        subscribing and then waits for reports misses nothing."""
+        subscribing and then waits for reports misses nothing.
+
+        ``wanted``: a collection of the listener's that is empty while it has nothing to do
+        with a batch (its parked pulls, its slaves); the call is skipped then.  The store
+        looks at it once the batch is readable, so a listener that adds to it and then reads
+        misses nothing either."""
 
     @abc.abstractmethod
     def flush(self) -> None:

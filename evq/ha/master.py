@@ -83,7 +83,7 @@ class HAMaster:
         self._heartbeat_s = heartbeat_s
         self._housekeeping_s = housekeeping_s
         self._fallbehind_max = fallbehind_max
-        self._slaves: set[_Slave] = set()
+        self._slaves: set[_Slave] = set()  # never rebound: the store's subscription holds it
         self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
         self._seq = itertools.count()
         self._tls = tls
@@ -119,7 +119,9 @@ class HAMaster:
                                               self._stream_protocol)
             await self._listener.bind()
             await self._listener.start_serving()
-        self._unsubscribe = self._log.subscribe_dispatch(self._on_dispatch)
+        # Called only while a slave is connected: the store looks at the set once the batch
+        # is readable, and a writer that joins later reads the log before it waits.
+        self._unsubscribe = self._log.subscribe_dispatch(self._on_dispatch, wanted=self._slaves)
         log.info("ha_master_listening", address=self.address)
 
     async def shutdown(self) -> None:
@@ -164,8 +166,9 @@ class HAMaster:
     # --- streaming -----------------------------------------------------------------------------
 
     def _on_dispatch(self, _batch: object) -> None:
-        """From the store's thread: new log bytes for every writer."""
-        if self._slaves and self._loop is not None:
+        """From the store's thread, while a slave is connected: new log bytes for every
+        writer."""
+        if self._loop is not None:  # set before the subscription
             self._loop.call_soon_threadsafe(self._wake_all)
 
     def _wake_all(self) -> None:

@@ -61,34 +61,33 @@ async def sized(size: int, fn: Callable[..., _T], *args: object) -> _T:
 class InTurn:
     """Runs calls in arrival order when some of them run in a worker thread.
 
-    A caller runs an inline call at once while :attr:`busy` is false (the common case: one
+    A caller runs an inline call at once while :attr:`busy` is zero (the common case: one
     test, no coroutine) and through :meth:`inline` otherwise, where it queues behind the
     calls before it.  The lock is asyncio's, which wakes waiters first come, first served."""
 
     _lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
-    _queued: int = 0  # calls holding or waiting for the lock
-
-    @property
-    def busy(self) -> bool:
-        return self._queued > 0
+    busy: int = attrs.field(default=0, init=False)
+    """Calls holding or waiting for the lock; nonzero: a new call queues behind them.  A count
+    in a slot rather than a property, since every send asks (the send lane reads it as a
+    flag): a slot is read without a Python frame."""
 
     async def off_loop(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` in a worker thread once the calls before it are done."""
-        self._queued += 1
+        self.busy += 1
         try:
             async with self._lock:
                 return await asyncio.to_thread(fn)
         finally:
-            self._queued -= 1
+            self.busy -= 1
 
     async def inline(self, fn: Callable[[], _T]) -> _T:
         """``fn()`` on the loop, after the calls before it."""
-        self._queued += 1
+        self.busy += 1
         try:
             async with self._lock:
                 return fn()
         finally:
-            self._queued -= 1
+            self.busy -= 1
 
 
 _paused = 0

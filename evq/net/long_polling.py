@@ -4,7 +4,8 @@ RocketMQ's PullRequestHoldService parks such pulls per ``topic@queueId`` and re-
 the store dispatches a new entry (or when the client's suspend timeout is near).  Here a parked
 pull is an asyncio future; the store's dispatch callback (on the store's thread) hands each
 batch to the event loop, which resolves the futures whose queue passed their offset with an
-entry their tag filter accepts.  Nothing polls.
+entry their tag filter accepts.  Nothing polls, and with no pull parked the store does not even
+call: the holds subscribe with their parked pulls as what they want (:meth:`PullHolds.listen`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from evq.domain.log import Dispatched, TagFilter
+from evq.domain.log import Dispatched, MessageLog, TagFilter
 
 QueueKey = tuple[str, int]
 
@@ -31,12 +32,20 @@ class PullHolds:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
+        # Changed in place, never rebound: the store's subscription holds it (listen).
         self._waiters: dict[QueueKey, list[_Waiter]] = {}
 
+    def listen(self, log: MessageLog) -> Callable[[], None]:
+        """Subscribe to ``log``'s dispatch, called only while a pull is parked; returns the
+        unsubscribe function."""
+        # The store looks at the parked pulls once a batch is readable, racily (a pull parked
+        # meanwhile re-checks the store before it waits).
+        return log.subscribe_dispatch(self.on_dispatch, wanted=self._waiters)
+
     def on_dispatch(self, batch: Sequence[Dispatched]) -> None:
-        """The store's dispatch callback: safe from any thread."""
-        if self._waiters:  # a racy read is fine: a pull parked meanwhile re-checks the store
-            self._loop.call_soon_threadsafe(self._wake, batch)
+        """The store's dispatch callback (while a pull is parked, see :meth:`listen`): safe
+        from any thread."""
+        self._loop.call_soon_threadsafe(self._wake, batch)
 
     def _wake(self, batch: Sequence[Dispatched]) -> None:
         for d in batch:

@@ -70,6 +70,9 @@ cdef class ReadPath:
 
     # -- asyncio.BufferedProtocol, and the methods the connection calls ------------------------
 
+    def get_buffer(self, sizehint):
+        return self._read_view
+
     def buffer_updated(self, Py_ssize_t nbytes):
         self.last_active = self._clock.monotonic()
         self.feed_read(nbytes)

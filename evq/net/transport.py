@@ -433,6 +433,11 @@ class ReadPath:
         def _spawn(self, handling: Coroutine[Any, Any, None], cmd: RemotingCommand,
                    size: int) -> None: ...
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """The thread's read buffer (:func:`_read_buffer`), whatever the hint: the twin's is
+        C, with no Python frame a read."""
+        return self._read_view
+
     def buffer_updated(self, nbytes: int) -> None:
         # data_received's three lines rather than a call to it: one Python frame less a read.
         # The slice is copied into the decoder and dropped on return: no export outlives it.
@@ -762,9 +767,6 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         self.local = _address(transport.get_extra_info("sockname"))
         self.last_active = self._clock.monotonic()
         log.debug("connection opened", conn=self.id, peer=self.peer)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._read_view
 
     def pause_writing(self) -> None:
         self._writing_paused = True

@@ -929,6 +929,41 @@ def test_a_failing_subscriber_does_not_break_appends(open_log: OpenLog) -> None:
     assert r[1].queue_offset == 1
 
 
+def test_a_listener_hears_while_what_it_wants_holds_something(open_log: OpenLog) -> None:
+    """A listener with what it waits for (parked pulls, slaves) hears the batches appended
+    while that holds something, readable as ever, and no others; the same callback subscribed
+    twice is two listeners, each unsubscribed on its own."""
+    log = open_log()
+    wanted: list[str] = []
+    heard: list[tuple[str, int]] = []
+    problems: list[str] = []
+
+    def on_dispatch(batch: Any) -> None:
+        for d in batch:
+            if log.read(d.topic, d.queue_id, d.queue_offset).status is not GetStatus.FOUND:
+                problems.append(f"{d} unreadable")
+            heard.append((d.topic, d.queue_offset))
+
+    gated = log.subscribe_dispatch(on_dispatch, wanted=wanted)
+    append(log, message("T"))
+    wanted.append("a parked pull")
+    append(log, message("T"), message("U"))
+    wanted.clear()
+    append(log, message("T"))
+    assert heard == [("T", 1), ("U", 0)]
+    assert not problems
+    plain = log.subscribe_dispatch(on_dispatch)
+    wanted.append("a slave")
+    append(log, message("U"))
+    assert heard[2:] == [("U", 1), ("U", 1)]
+    gated()
+    append(log, message("U"))
+    assert heard[4:] == [("U", 2)]
+    plain()
+    append(log, message("U"))
+    assert heard[5:] == []
+
+
 # --- replication -------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +34,7 @@ from evq.backends.mmapfile.kernels import COMPILED, PURE, StoreKernels
 from evq.backends.mmapfile.store import MmapMessageLog
 from evq.domain import record
 from evq.domain import sysflag as sf
-from evq.domain.clock import ManualClock
+from evq.domain.clock import ManualClock, SystemClock
 from evq.domain.log import Dispatched
 from evq.domain.message import Host, Prop, new_message
 from evq.domain.record import PutRecord, put_record, put_record_of
@@ -577,3 +578,84 @@ def test_a_failing_subscriber_is_logged_and_the_next_still_hears(
     assert [e["event"] for e in logs] == ["dispatch_subscriber_failed"]
     assert logs[0]["exc_info"] is True
     assert [d.queue_offset for batch in heard for d in batch] == [0]
+
+
+@needs_compiled
+@pytest.mark.parametrize("cls", [PureLog, CompiledLog])
+def test_a_listener_hears_only_while_it_wants(tmp_path: Path, cls: type[MmapMessageLog]
+                                              ) -> None:
+    """A listener subscribed with what it waits for is called while that holds something and
+    skipped while it is empty; one without is called for every batch."""
+    log = cls.open(tmp_path, StoreConfig(warm_segments=False), clock=ManualClock(START_MS),
+                   background=False)
+    wanted: set[str] = set()
+    gated: list[int] = []
+    every: list[int] = []
+    log.subscribe_dispatch(lambda batch: gated.extend(d.queue_offset for d in batch), wanted)
+    log.subscribe_dispatch(lambda batch: every.extend(d.queue_offset for d in batch))
+
+    def put() -> None:
+        log.append([put_record(new_message("T", b"x", compress_over=None))])
+
+    try:
+        put()
+        wanted.add("a pull")
+        put()
+        wanted.clear()
+        put()
+    finally:
+        log.close()
+    assert gated == [1]
+    assert every == [0, 1, 2]
+
+
+class _TickingClock:
+    """A system clock of another class: its own now_ms, as an injected clock has."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def now_ms(self) -> int:
+        self.reads += 1
+        return START_MS + self.reads
+
+    monotonic = staticmethod(time.monotonic)
+
+
+@needs_compiled
+def test_the_compiled_append_reads_the_system_clock_as_its_now_ms_does(tmp_path: Path) -> None:
+    """The compiled append reads the system clock itself (no Python frame a send): the time
+    it stamps is the clock's own reading between two of its calls; any other clock, a
+    subclass of the system clock's included, is asked."""
+    from evq.backends.mmapfile import store_kernels
+
+    clock = SystemClock()
+    for _ in range(1000):
+        before = clock.now_ms()
+        read = store_kernels.wall_ms()
+        assert before <= read <= clock.now_ms()
+    log = CompiledLog.open(tmp_path / "system", StoreConfig(warm_segments=False),
+                           background=False)
+    try:
+        before = clock.now_ms()
+        stamped = log.append([put_record(new_message("T", b"x", compress_over=None))])
+        assert before <= stamped[0].store_timestamp <= clock.now_ms()
+    finally:
+        log.close()
+
+    class Later(SystemClock):
+        def now_ms(self) -> int:
+            return super().now_ms() + 3_600_000
+
+    for other in (Later(), _TickingClock()):
+        log = CompiledLog.open(tmp_path / type(other).__name__, StoreConfig(warm_segments=False),
+                               clock=other, background=False)  # type: ignore[arg-type]
+        try:
+            floor = clock.now_ms() + 3_600_000
+            got = log.append([put_record(new_message("T", b"x", compress_over=None))])
+            if isinstance(other, Later):
+                assert floor <= got[0].store_timestamp <= clock.now_ms() + 3_600_000
+            else:
+                assert got[0].store_timestamp == START_MS + other.reads
+        finally:
+            log.close()

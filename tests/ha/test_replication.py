@@ -182,3 +182,50 @@ async def test_slave_reconnects_after_the_master_restarts(tmp_path: Path) -> Non
         await master.shutdown()
         slave_log.close()
         master_log.close()
+
+
+class CountingMaster(HAMaster):
+    """A master that counts the store's calls of its dispatch listener."""
+
+    calls = 0
+
+    def _on_dispatch(self, batch: object) -> None:
+        self.calls += 1
+        super()._on_dispatch(batch)
+
+
+@in_loop
+async def test_the_master_hears_the_store_only_while_a_slave_is_connected(
+    tmp_path: Path
+) -> None:
+    """With no slave, an append costs the master no call; with one, each append wakes its
+    writer (the heartbeat is far off here: only the wake-up can bring the bytes), also an
+    append from another thread; once the slave is gone, no call again."""
+    master_log = open_log("mmap", tmp_path / "m", SMALL, background=False)
+    slave_log = open_log("mmap", tmp_path / "s", SMALL, background=False)
+    master = CountingMaster(master_log, "127.0.0.1", 0, heartbeat_s=600.0)
+    await master.start()
+    slave = HASlave(slave_log, lambda: master.address)
+    try:
+        fill(master_log, 10, b"a")
+        assert master.calls == 0
+        slave.start()
+        await until(lambda: master.slave_offsets == [master_log.max_physical_offset])
+        for letter in (b"b", b"c"):
+            calls = master.calls
+            end = await asyncio.to_thread(fill, master_log, 5, letter)
+            async with asyncio.timeout(5.0):
+                while slave_log.max_physical_offset < end:
+                    await asyncio.sleep(0.01)
+            assert master.calls == calls + 1
+        await slave.shutdown()
+        await until(lambda: not master.slave_offsets)
+        calls = master.calls
+        fill(master_log, 5, b"d")
+        assert master.calls == calls
+        assert raw(slave_log) == raw(master_log)[: slave_log.max_physical_offset]
+    finally:
+        await slave.shutdown()
+        await master.shutdown()
+        slave_log.close()
+        master_log.close()

@@ -4,6 +4,7 @@ so no name a client sends can make the broker's offset snapshots unstorable."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evq.domain.codes import BrokerError, ResponseCode
-from evq.net.broker.names import KNOWN_GROUPS, names_checked
+from evq.domain.record import PURE_PYTHON_VARIABLE
+from evq.net.broker.names import (
+    CHECK,
+    COMPILED,
+    KNOWN_GROUPS,
+    NamesChecked,
+    group_fields,
+    names_checked,
+)
 from evq.net.codes import RequestCode
 from evq.net.protocol import RemotingCommand
 from evq.net.transport import RemotingClient, run
+from tests.domain.test_record_kernels import c_compiler
 from tests.net.harness import broker
 from tests.net.test_broker_server import call, send_fields
 
@@ -81,13 +91,25 @@ def test_every_legal_group_name_commits_over_the_wire(tmp_path_factory: pytest.T
 
 
 
+CHECKS = [NamesChecked] + ([] if COMPILED is None else [COMPILED])
+
+
+def test_the_broker_runs_the_compiled_check_where_it_is_built() -> None:
+    assert CHECK is (COMPILED or NamesChecked)
+    assert isinstance(names_checked(RequestCode.SEND_MESSAGE_V2, lambda conn, cmd: None), CHECK)
+    if COMPILED is None:
+        assert os.environ.get(PURE_PYTHON_VARIABLE, "0") not in ("", "0") or c_compiler() is None
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__module__)
 def test_the_check_remembers_passed_names_up_to_its_bound_and_refuses_every_illegal_one(
+    check: type[NamesChecked],
 ) -> None:
     """Names that passed are remembered, at most KNOWN_GROUPS of them; an illegal name is
     refused each time it comes, before the bound is reached and after."""
     seen: list[str] = []
-    checked = names_checked(RequestCode.SEND_MESSAGE_V2,
-                            lambda conn, cmd: seen.append(cmd.ext_fields["a"]))
+    checked = check(group_fields(RequestCode.SEND_MESSAGE_V2),
+                    lambda conn, cmd: seen.append(cmd.ext_fields["a"]))
 
     def send(group: str) -> None:
         checked(None, RemotingCommand(code=RequestCode.SEND_MESSAGE_V2,  # type: ignore[arg-type]
@@ -101,6 +123,42 @@ def test_the_check_remembers_passed_names_up_to_its_bound_and_refuses_every_ille
                 send(group)
     assert seen == [*names, *names]
     # What the check holds: the first KNOWN_GROUPS names, no more.
-    held = dict(zip(checked.__code__.co_freevars,
-                    [c.cell_contents for c in checked.__closure__ or ()], strict=True))["known"]
-    assert held == set(names[:KNOWN_GROUPS])
+    assert checked.known == set(names[:KNOWN_GROUPS])
+
+
+class _Fields(dict[str, str]):
+    """Header fields in a dict of another class (the compiled check reads those its other
+    way)."""
+
+
+NAMES = st.one_of(st.sampled_from(["", "G", "g-1", "%RETRY%G", *ILLEGAL[:4]]), LEGAL,
+                  st.text(max_size=8))
+
+
+@pytest.mark.skipif(COMPILED is None, reason="the compiled check is not built (or not wanted)")
+@settings(max_examples=300, deadline=None)
+@given(code=st.sampled_from([RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_MESSAGE,
+                             RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.HEART_BEAT]),
+       requests=st.lists(st.tuples(
+           st.dictionaries(st.sampled_from(["a", "producerGroup", "consumerGroup", "group",
+                                            "topic"]), NAMES, max_size=4),
+           st.booleans()), max_size=12))
+def test_the_compiled_check_answers_as_the_reference(
+    code: int, requests: list[tuple[dict[str, str], bool]]
+) -> None:
+    """The same requests through both: the same handler calls with the same arguments, the
+    same refusals, the same names remembered."""
+
+    def played(check: type[NamesChecked]) -> tuple[list[object], set[str]]:
+        trace: list[object] = []
+        checked = check(group_fields(code), lambda conn, cmd: ("handled", conn, cmd.ext_fields))
+        for fields, exact in requests:
+            cmd = RemotingCommand(code=code)
+            cmd.ext_fields = dict(fields) if exact else _Fields(fields)
+            try:
+                trace.append(checked("conn", cmd))  # type: ignore[arg-type]
+            except BrokerError as exc:
+                trace.append(("refused", exc.code, str(exc)))
+        return trace, checked.known
+
+    assert played(COMPILED) == played(NamesChecked)  # type: ignore[arg-type]

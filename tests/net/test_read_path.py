@@ -230,6 +230,7 @@ def reads(stream: bytes, cuts: list[int]) -> list[Step]:
 def test_the_compiled_read_path_is_the_connections_where_it_is_built() -> None:
     assert issubclass(Connection, COMPILED_READ_PATH)  # type: ignore[arg-type]
     assert PureConnection.buffer_updated is ReadPath.buffer_updated
+    assert PureConnection.get_buffer is ReadPath.get_buffer
 
 
 def test_the_variable_selects_the_pure_read_path() -> None:

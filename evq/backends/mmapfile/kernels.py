@@ -19,6 +19,7 @@ from evq.backends import disk, rules
 from evq.backends.mmapfile import append_loop, consume_queue, index_file
 from evq.backends.mmapfile.appended import REFUSED, AppendedBatch
 from evq.domain import record as rec
+from evq.domain.clock import SystemClock
 from evq.domain.log import Dispatched, GetStatus, LogClosed, ReadResult
 
 
@@ -61,7 +62,7 @@ def _compiled() -> StoreKernels | None:
         index_entry_size=index_file.ENTRY_SIZE, index_head_chunk=index_file.HEAD_CHUNK,
         max_time_diff=index_file.MAX_TIME_DIFF, blank_size=rec.BLANK_SIZE, log_closed=LogClosed,
         refused=REFUSED, no_space_fn=disk.no_space, store_fields=rec.STORE_V4.pack,
-        appended_batch=AppendedBatch,
+        appended_batch=AppendedBatch, system_clock=SystemClock,
     )
     store_kernels.bind_reads(
         read_result=ReadResult, get_status=GetStatus, outside=rules.status_outside,

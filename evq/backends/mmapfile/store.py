@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
 from typing import ClassVar
 
@@ -684,8 +684,9 @@ class MmapMessageLog(StoreShell):
                 cp.index_file, cp.index_synced = synced
                 cp.save()
 
-    def subscribe_dispatch(self, callback: DispatchCallback) -> Callable[[], None]:
-        unsubscribe = super().subscribe_dispatch(callback)
+    def subscribe_dispatch(self, callback: DispatchCallback,
+                           wanted: Sized | None = None) -> Callable[[], None]:
+        unsubscribe = super().subscribe_dispatch(callback, wanted)
         if self._committer is not None:
             # Appends before the subscription built no reports, and with a pool their
             # records become readable only once committed: commit them now, so the

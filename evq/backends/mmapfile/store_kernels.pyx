@@ -32,6 +32,7 @@ from evq.byte_order cimport get32, get64, put32, put64
 from evq.slots cimport new_instance, set_new, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 from struct import error as struct_error
 
@@ -75,13 +76,14 @@ cdef object no_space = None
 cdef object pack_store_fields = None
 cdef object AppendedBatch = None  # a Sequence: ABCMeta's, not exactly a type
 cdef Py_ssize_t AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST
+cdef type SystemClock = None  # a clock of exactly this class is read here (wall_ms)
 cdef bint bound = False
 
 
 def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, store_at, store_end,
          queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
          index_entry_size, index_head_chunk, max_time_diff, blank_size, log_closed, refused,
-         no_space_fn, store_fields, appended_batch) -> None:
+         no_space_fn, store_fields, appended_batch, system_clock) -> None:
     """Hand the kernels the layout numbers and the Dispatched class (called once, by
     evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
     (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
@@ -89,7 +91,7 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     global Dispatched, NO_QUEUE_ENTRY, HOST_V6, SYSFLAG_LOW_AT, STORE_AT, STORE_SIZE
     global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK
     global bound, BLANK_SIZE, MAX_TIME_DIFF, LogClosed, REFUSED, no_space, pack_store_fields
-    global AppendedBatch, AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST
+    global AppendedBatch, AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST, SystemClock
     global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
     if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
             or index_entry_size != 20 or index_header_size != 40 or index_head_chunk <= 0):
@@ -117,6 +119,7 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST = (slot_offset(appended_batch, "_places"),
                                              slot_offset(appended_batch, "_store_timestamp"),
                                              slot_offset(appended_batch, "_host"))
+    SystemClock = system_clock
     bound = True
 
 
@@ -434,7 +437,9 @@ def append(object log, object records):
             raise LogClosed("the log is closed")
         if log._refused:  # the disk is full: see evq.backends.shell
             return new_batch([REFUSED] * len(records), 0, log._host)
-        now = log._clock.now_ms()
+        clock = log._clock
+        # The system clock read here, as its now_ms reads it, without a Python frame a send.
+        now = wall_ms() if type(clock) is SystemClock else clock.now_ms()
         last = log._last_store_ts
         if now < last:  # store times never go backwards
             now = last
@@ -447,7 +452,7 @@ def append(object log, object records):
             run.now, run.store_fields = now, pack_store_fields(now, log._host)
         run.records, run.places, run.indexed = records, [], []
         subscribers = log._subscribers
-        run.notify = [] if subscribers.callbacks else None
+        run.notify = [] if subscribers.listeners else None
         count, i, prepared = len(records), 0, -1
         try:
             while True:
@@ -479,12 +484,22 @@ def append(object log, object records):
             if committer is not None:  # announced once they are in the file
                 committer.defer(end, notify)
             else:  # DispatchSubscribers.notify
-                for callback in subscribers.callbacks:
-                    try:
-                        callback(notify)
-                    except Exception:
-                        subscribers.failed()
+                for callback, wanted in subscribers.listeners:
+                    if wanted is None or wanted:
+                        try:
+                            callback(notify)
+                        except Exception:
+                            subscribers.failed()
     return new_batch(places, now, log._host)
+
+
+def wall_ms():
+    """``time.time_ns() // 1_000_000``, what :meth:`evq.domain.clock.SystemClock.now_ms`
+    returns: the same clock (CLOCK_REALTIME, which time.time_ns reads on Linux), floored to
+    the millisecond."""
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
 
 
 cdef object new_batch(list places, object store_timestamp, object host):

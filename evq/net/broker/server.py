@@ -167,7 +167,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         engine.core.declare_event_loop_thread()
         holds = PullHolds(loop)
-        self._closers.append(engine.core.log.subscribe_dispatch(holds.on_dispatch))
+        self._closers.append(holds.listen(engine.core.log))
         durable = (DurableWaker(loop, engine.core.log, store_config.sync_flush_timeout_ms / 1000)
                    if store_config.flush is FlushMode.SYNC_FLUSH else None)
         ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
