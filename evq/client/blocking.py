@@ -91,16 +91,19 @@ class SyncProducer:
         return self._lines.lines(addr)
 
     def send(self, msg: Message) -> SendResult:
-        return self._sent([msg], batch=False)
-
-    def send_batch(self, msgs: Sequence[Message]) -> SendResult:
-        return self._sent(msgs, batch=True)
-
-    def _sent(self, msgs: Sequence[Message], *, batch: bool) -> SendResult:
-        sent = self._producer.send_now(msgs, self._lines, batch=batch)
+        # The first attempt here, the rest on the loop (send_batch's three lines, not a
+        # shared helper: a sync send waits on every Python frame it runs).
+        msgs = (msg,)
+        sent = self._producer.send_now(msgs, self._lines)
         if isinstance(sent, SendResult):
             return sent
-        return self._thread.run(self._producer.send_after(msgs, sent, batch=batch))
+        return self._thread.run(self._producer.send_after(msgs, sent))
+
+    def send_batch(self, msgs: Sequence[Message]) -> SendResult:
+        sent = self._producer.send_now(msgs, self._lines, batch=True)
+        if isinstance(sent, SendResult):
+            return sent
+        return self._thread.run(self._producer.send_after(msgs, sent, batch=True))
 
     def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
         """Send without waiting: the future holds the :class:`SendResult` or the exception

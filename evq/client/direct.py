@@ -39,7 +39,14 @@ from typing import Final
 
 from evq import logs
 from evq.acl.signature import signed_fields
-from evq.net.protocol import MAX_FRAME, FrameDecoder, OpaqueCounter, ProtocolError, RemotingCommand
+from evq.net.protocol import (
+    MAX_FRAME,
+    RESPONSE_FLAG,
+    FrameDecoder,
+    OpaqueCounter,
+    ProtocolError,
+    RemotingCommand,
+)
 from evq.net.security import ClientSecurity
 from evq.net.transport import ConnectError, ConnectionClosed, RequestTimeout, TransportError
 
@@ -125,26 +132,29 @@ class BlockingLine:
         if timeout is None:
             timeout = self.timeout
         deadline = time.monotonic() + timeout
+        sock, decoder = self._sock, self._decoder
         try:
             if timeout != self._kernel_s:
-                _set_kernel_timeout(self._sock, timeout)
+                _set_kernel_timeout(sock, timeout)
                 self._kernel_s = timeout
-            self._sock.sendall(cmd.encode() if frame is None else frame)
+            sock.sendall(cmd.encode() if frame is None else frame)
+            # Read first: the answer cannot come before its request went out, and every read
+            # is looked through whole before the next, so what an earlier request left in the
+            # decoder (frames that answered nothing, skipped next time) is never this answer.
             while True:
-                answer = self._decoder.next_command()
-                if answer is None:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError
-                    n = self._sock.recv_into(self._buffer)
-                    if not n:
-                        raise ConnectionClosed(f"{self.addr} closed the connection")
-                    self._decoder.feed(self._view[:n])
-                elif answer.is_response and answer.opaque == opaque:
-                    self.last_used = time.monotonic()
-                    return answer
-                else:  # no broker asks a line anything (it never heartbeats): skipped
+                n = sock.recv_into(self._buffer)
+                if not n:
+                    raise ConnectionClosed(f"{self.addr} closed the connection")
+                decoder.feed(self._view[:n])
+                while (answer := decoder.next_command()) is not None:
+                    if answer.flag & RESPONSE_FLAG and answer.opaque == opaque:
+                        self.last_used = time.monotonic()
+                        return answer
+                    # no broker asks a line anything (it never heartbeats): skipped
                     log.debug("skipped a frame on a blocking line", broker=self.addr,
                               code=answer.code, opaque=answer.opaque)
+                if time.monotonic() > deadline:
+                    raise TimeoutError
         except TransportError:
             self.close()
             raise
@@ -190,41 +200,53 @@ class BlockingLines:
                 ) -> RemotingCommand | None:
         """The answer to ``make``'s request, over a line to ``addr``, within ``timeout``
         seconds (default: the pool's); None when ``addr`` already has its most lines in use
-        (or the pool is closed): send another way."""
-        line = self._take(addr)
-        if line is None:
-            return None
+        (or the pool is closed): send another way.
+
+        Taking an idle line that is fresh, and giving it back, are written here rather than
+        in helpers: a sync send waits on every Python frame its client runs."""
+        idle = self._idle.get(addr)
+        try:
+            line = idle.pop() if idle else None
+        except IndexError:  # another thread took the last one
+            line = None
+        if line is None or time.monotonic() - line.last_used >= IDLE_REUSE_S:
+            line = self._take(addr, line)
+            if line is None:
+                return None
+        answered = False
         try:
             answer = line.request(make, timeout)
-        except BaseException:
-            if line.closed:
+            answered = True
+            return answer
+        finally:
+            if line.closed:  # failed mid-way
                 self._forget(line)
-            else:  # nothing was sent (``make`` raised): the line is as it was
-                self._give(line, answered=False)
-            raise
-        self._give(line, answered=True)
-        return answer
+            else:  # answered, or nothing was sent (``make`` raised): the line is as it was
+                with self._lock:
+                    self.answered += answered
+                    closed = self._closed
+                    if closed:
+                        self._count[addr] -= 1
+                    else:
+                        self._idle[addr].append(line)
+                if closed:
+                    line.close()
 
-    def _give(self, line: BlockingLine, *, answered: bool) -> None:
-        with self._lock:
-            self.answered += answered
-            if not self._closed:
-                self._idle[line.addr].append(line)
-                return
-            self._count[line.addr] -= 1
-        line.close()
-
-    def _take(self, addr: str) -> BlockingLine | None:
+    def _take(self, addr: str, stale: BlockingLine | None) -> BlockingLine | None:
+        """A line to ``addr`` for :meth:`request` when it found no fresh idle one (``stale``:
+        the one it popped, idle too long): the next fresh idle line, else a new one; None
+        when ``addr`` has its most lines or the pool is closed."""
+        line = stale
         idle = self._idle.get(addr)
-        while idle:
-            try:
-                line = idle.pop()
-            except IndexError:  # another thread took the last one
-                break
+        while line is not None:
             if time.monotonic() - line.last_used < IDLE_REUSE_S:
                 return line
             self._forget(line)  # the broker may have closed it: a new one costs less
             line.close()
+            try:
+                line = idle.pop() if idle else None
+            except IndexError:  # another thread took the last one
+                line = None
         with self._lock:
             if self._closed or self._count.get(addr, 0) >= self._max:
                 return None

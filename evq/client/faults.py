@@ -66,10 +66,12 @@ class LatencyFaultTolerance:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._items: dict[str, FaultItem] = {}
-        self._skipping: set[str] = set()
-        """Brokers whose last report skipped them: only these need the clock to tell whether
-        they are available, so a send to a healthy broker reads it neither when it picks the
-        queue nor when it reports."""
+        self.skipping: set[str] = set()
+        """Brokers whose last report skipped them (read it, never write it): only these need
+        the clock to tell whether they are available, so a send to a healthy broker reads it
+        neither when it picks the queue nor when it reports.  A producer checks the queue it
+        would pick first against this set itself, and calls :func:`select_queue` only when
+        that broker is here."""
 
     def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
         item = self._items.get(broker)
@@ -77,7 +79,7 @@ class LatencyFaultTolerance:
         if skipped:
             latency = FAILURE_LATENCY_MS if failed else latency_ms
             until = self._clock.now_ms() + not_available_ms(latency)
-        elif item is not None and broker not in self._skipping:
+        elif item is not None and broker not in self.skipping:
             item.latency_ms = latency_ms  # every healthy send to a healthy broker: all it takes
             return
         else:  # healthy again, or for the first time: no band to look up, no skip to time
@@ -87,12 +89,12 @@ class LatencyFaultTolerance:
         else:  # every send reports: the broker's item is updated in place, not rebuilt
             item.latency_ms, item.available_at_ms = latency, until
         if skipped:  # after the item (see the class)
-            self._skipping.add(broker)
+            self.skipping.add(broker)
         else:
-            self._skipping.discard(broker)
+            self.skipping.discard(broker)
 
     def is_available(self, broker: str) -> bool:
-        return (broker not in self._skipping
+        return (broker not in self.skipping
                 or self._clock.now_ms() >= self._items[broker].available_at_ms)
 
     def least_bad(self) -> str | None:
@@ -111,7 +113,10 @@ def select_queue(
 ) -> MessageQueue:
     """Round-robin from ``start``: the first queue on an available broker other than the one
     that just failed; else the least bad broker's next queue; else any other broker's; else
-    the queue at ``start`` (a single-broker cluster has nowhere else to go)."""
+    the queue at ``start`` (a single-broker cluster has nowhere else to go).
+
+    The first choice, ``queues[start % len(queues)]`` when its broker is not ``last_failed``
+    nor in ``faults.skipping``, is what a producer's send takes without calling this."""
     n = len(queues)
     if not n:
         raise ValueError("no queue to select from")

@@ -28,7 +28,7 @@ from typing import Final
 import attrs
 
 from evq import logs
-from evq.client.direct import BlockingLines, MadeRequest
+from evq.client.direct import BlockingLines
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
@@ -314,7 +314,9 @@ class Producer:
 
     def _prepare(self, *msgs: Message) -> None:
         """Stamp each message's UNIQ_KEY (unless the caller chose one) and birth time."""
-        self._supervised().check()  # a producer whose background work died sends no more
+        supervisor = self._supervisor
+        if supervisor is None or supervisor.failed:  # read here, not called: every send asks
+            self._supervised().check()  # raises: a producer whose background work died is done
         now = self._clock.now_ms()
         if len(msgs) == 1:
             (msg,) = msgs
@@ -349,16 +351,24 @@ class Producer:
                 or not known[1]:
             return NOT_TRIED
         _, queues, masters = known
-        queue = select_queue(queues, next(self._counter), self._faults)
+        # select_queue's first choice and the request's maker are written out here and in
+        # _send: a frame each cost a send more than their work.
+        faults = self._faults
+        start = next(self._counter)
+        queue = queues[start % len(queues)]
+        if queue.broker_name in faults.skipping:
+            queue = select_queue(queues, start, faults)
         addr = masters.get(queue.broker_name)
         if addr is None or addr not in self._greeted:
             return NOT_TRIED
+        make = (functools.partial(_batch_request, self.group, queue, list(msgs)) if batch
+                else functools.partial(send_request, self.group, queue, msgs[0]))
         started = self._clock.monotonic()
         try:
             try:
-                answer = lines.request(addr, self._maker(queue, msgs, batch))
+                answer = lines.request(addr, make)
             except TransportError:
-                self._faults.update(queue.broker_name, 0, failed=True)
+                faults.update(queue.broker_name, 0, failed=True)
                 raise
             if answer is None:
                 return NOT_TRIED
@@ -386,6 +396,7 @@ class Producer:
         heartbeat that fails before the first send to a broker is retried like the send, but
         is no report of the broker's latency: the fault table sees only the send itself."""
         last_failed, cause = after.last_failed, after.cause
+        faults = self._faults
         for attempt in range(after.tried, 1 if chosen is not None else 1 + self.retries):
             known = self._publish.get(topic)
             routes = self._routes  # None once shut down: _publishing then says so
@@ -395,20 +406,24 @@ class Producer:
             if chosen is not None:
                 queue = chosen
             elif queues:
-                queue = select_queue(queues, next(self._counter), self._faults, last_failed)
+                start = next(self._counter)
+                queue = queues[start % len(queues)]
+                if queue.broker_name == last_failed or queue.broker_name in faults.skipping:
+                    queue = select_queue(queues, start, faults, last_failed)
             else:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
             try:
                 pool, addr = self._pool, masters.get(queue.broker_name)
                 if pool is None or addr is None or addr not in self._greeted:
                     pool, addr = await self._greeted_master(route, queue)
-                make = self._maker(queue, msgs, batch)
+                make = (functools.partial(_batch_request, self.group, queue, list(msgs)) if batch
+                        else functools.partial(send_request, self.group, queue, msgs[0]))
                 started = self._clock.monotonic()
                 try:
                     conn = pool.opened(addr) or await pool.connect(addr)
                     answer = await conn.send_made(make, self.send_timeout)
                 except TransportError:
-                    self._faults.update(queue.broker_name, 0, failed=True)
+                    faults.update(queue.broker_name, 0, failed=True)
                     raise
                 return self._answered(queue, msgs, batch, answer, started, addr)
             except (TransportError, BrokerRefused) as exc:
@@ -417,13 +432,6 @@ class Producer:
                 last_failed, cause = queue.broker_name, exc
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
-
-    def _maker(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool
-               ) -> MadeRequest:
-        """What makes the request of ``msgs`` to ``queue`` for a connection's opaque."""
-        if batch:
-            return functools.partial(_batch_request, self.group, queue, list(msgs))
-        return functools.partial(send_request, self.group, queue, msgs[0])
 
     def _answered(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool,
                   answer: RemotingCommand, started: float, addr: str) -> SendResult:

@@ -93,6 +93,9 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ended = asyncio.Event()
         self._failure: _Failure | None = None
+        self.failed = False
+        """Whether a loop has failed for good (:meth:`check` raises then): a plain attribute,
+        since a producer reads it before every send."""
 
     def loop(self, name: str, step: Step) -> asyncio.Task[None]:
         """Call ``step`` until it answers False or the task is cancelled."""
@@ -135,15 +138,12 @@ class Supervisor:
         log.error("background_loop_gave_up", owner=self.owner, loop=failure.loop,
                   failures=failure.failures, error=repr(failure.cause))
         self._failure = failure
+        self.failed = True
         me = asyncio.current_task()
         for task in self._loops:
             if task is not me:
                 task.cancel()
         self._ended.set()
-
-    @property
-    def failed(self) -> bool:
-        return self._failure is not None
 
     def check(self) -> None:
         """Raise :class:`BackgroundFailed` if a loop has failed for good."""

@@ -43,6 +43,8 @@ incoming values may be JSON numbers, booleans or strings and are coerced to stri
 from __future__ import annotations
 
 import enum
+import functools
+import itertools
 import json
 import os
 import re
@@ -279,22 +281,22 @@ def serialization_for(fields: Mapping[str, str]) -> SerializeType:
     return SerializeType.ROCKETMQ
 
 
-class OpaqueCounter:
-    """Request ids for one sender: 1 up to 2**31 - 1, then round again.
+class OpaqueCounter(functools.partial[int]):
+    """Request ids for one sender: 1 up to 2**31 - 1, then round again (from ``first``).
 
     Kept positive and within 31 bits because the C++ client masks its own ids that way and
-    reads ours with ``asInt()``.
+    reads ours with ``asInt()``.  Calling it is ``next`` on a C iterator of those ids over
+    and over, so taking one runs no Python frame: every request takes one, and a sync send
+    waits on each frame its client runs.
     """
 
-    __slots__ = ("_next",)
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self._next = 1
-
-    def __call__(self) -> int:
-        opaque = self._next
-        self._next = opaque + 1 if opaque < INT32_MAX else 1
-        return opaque
+    def __new__(cls, first: int = 1) -> OpaqueCounter:
+        ids = itertools.chain(range(first, INT32_MAX + 1),
+                              itertools.chain.from_iterable(itertools.repeat(
+                                  range(1, INT32_MAX + 1))))
+        return super().__new__(cls, next, ids)
 
 
 # -- header encoding --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from evq.domain.message import PropertyError, new_message
 from evq.net.codes import RequestCode
 from evq.net.protocol import MAX_FRAME, FrameDecoder, RemotingCommand
 from evq.net.transport import ConnectError, ConnectionClosed, RequestTimeout
+from tests.client.clocks import SlowAnswers
 from tests.client.conftest import Served
 from tests.cluster import running_cluster
 from tests.processes import running_broker, running_namesrv
@@ -92,6 +93,23 @@ def test_threads_send_at_once_each_on_a_line(cluster: Served) -> None:
         assert p.direct_sends == threads * each
     assert len({r.msg_id for r in results}) == threads * each
     assert len(read_all(cluster.namesrv, "Threads", threads * each + 1)) == threads * each + 1
+
+
+def test_the_fault_table_records_a_direct_sends_latency(cluster: Served) -> None:
+    clock = SlowAnswers()
+    with SyncProducer("PG", cluster.namesrv, clock=clock) as p:
+        p.send(new_message("Slow", b"first"))  # the loop's: route, greeting
+        fast = p.send(new_message("Slow", b"fast"))
+        faults = p._producer.faults
+        assert faults.is_available(fast.queue.broker_name)
+        clock.slow = True
+        slow = p.send(new_message("Slow", b"slow"))
+        clock.slow = False
+        assert p.direct_sends == 2
+        assert not faults.is_available(slow.queue.broker_name)  # skipped for 30 s
+        # The only broker is still the one a send goes to, and a direct one.
+        assert p.send(new_message("Slow", b"after")).status is SendStatus.SEND_OK
+        assert p.direct_sends == 3
 
 
 def long_poll(topic: str, queue_id: int, suspend_ms: int) -> Callable[[int], tuple[
@@ -204,11 +222,10 @@ def test_a_killed_master_is_failed_over_and_loses_nothing(tmp_path: Path) -> Non
 
 @contextlib.contextmanager
 def peer(answer: Callable[[socket.socket, RemotingCommand], None]) -> Iterator[str]:
-    """A one-connection server on 127.0.0.1: each request it reads, ``answer`` answers."""
+    """A server on 127.0.0.1: each request it reads, on any connection, ``answer`` answers."""
     server = socket.create_server(("127.0.0.1", 0))
 
-    def serve() -> None:
-        conn, _ = server.accept()
+    def serve_one(conn: socket.socket) -> None:
         # The line may close while an answer is still being written (what some tests do).
         with conn, contextlib.suppress(ConnectionError):
             decoder = FrameDecoder()
@@ -216,6 +233,12 @@ def peer(answer: Callable[[socket.socket, RemotingCommand], None]) -> Iterator[s
                 decoder.feed(data)
                 while (cmd := decoder.next_command()) is not None:
                     answer(conn, cmd)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the server closed: no more connections
+            while True:
+                conn, _ = server.accept()
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -268,6 +291,49 @@ def test_a_line_skips_a_request_before_its_answer_and_fails_on_a_cut_answer() ->
         line = BlockingLine.open(addr, 10.0, None)
         with pytest.raises(ConnectionClosed, match="closed"):
             line.request(ping)
+
+
+def test_a_line_skips_frames_left_behind_an_earlier_answer() -> None:
+    """A peer that answers each request twice: the copy read with the answer is left in the
+    line's decoder, and the next request must pass over it (an answer to another opaque) to
+    its own answer, which comes after it."""
+    answers: list[int] = []
+
+    def twice(conn: socket.socket, cmd: RemotingCommand) -> None:
+        frame = cmd.response(fields={"n": len(answers)}).encode()
+        answers.append(cmd.opaque)
+        conn.sendall(frame + frame)
+
+    with peer(twice) as addr:
+        line = BlockingLine.open(addr, 10.0, None)
+        got = [line.request(ping) for _ in range(3)]
+        line.close()
+    assert [a.opaque for a in got] == answers and len(set(answers)) == 3
+    assert [a.ext_fields["n"] for a in got] == ["0", "1", "2"]
+
+
+def test_a_line_idle_too_long_is_closed_and_a_new_one_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conns: list[socket.socket] = []  # each connection the peer answered on, kept alive
+
+    def answer(conn: socket.socket, cmd: RemotingCommand) -> None:
+        if conn not in conns:
+            conns.append(conn)
+        conn.sendall(cmd.response().encode())
+
+    with peer(answer) as addr:
+        lines = BlockingLines(timeout=10.0, security=None)
+        assert lines.request(addr, ping) is not None
+        monkeypatch.setattr("evq.client.direct.IDLE_REUSE_S", 0.0)  # every idle line too old
+        assert lines.request(addr, ping) is not None
+        assert lines.request(addr, ping) is not None
+        assert len(conns) == 3 and lines.lines(addr) == 1 and lines.answered == 3
+        monkeypatch.undo()
+        assert lines.request(addr, ping) is not None
+        assert len(conns) == 3  # a fresh line is reused
+        lines.close()
+        assert lines.lines(addr) == 0
 
 
 def test_a_line_whose_peer_never_answers_times_out() -> None:

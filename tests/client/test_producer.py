@@ -26,6 +26,7 @@ from evq.domain.hashing import java_hash
 from evq.domain.message import Message, Prop, new_message
 from evq.domain.queues import MessageQueue
 from evq.net.transport import TransportError
+from tests.client.clocks import SlowAnswers
 from tests.client.conftest import Served
 from tests.client.inbox import routed_queues
 from tests.processes import running_broker, running_namesrv
@@ -210,6 +211,19 @@ async def test_a_dead_broker_fails_the_send_and_is_avoided(cluster: Served) -> N
         with pytest.raises(SendFailed, match="2 times"):
             await p.send(new_message("Dead", b"after"))
         assert not p.faults.is_available(r.queue.broker_name)
+
+
+async def test_the_fault_table_records_a_sends_latency(cluster: Served) -> None:
+    clock = SlowAnswers()
+    async with Producer("PG", cluster.namesrv, clock=clock) as p:
+        fast = await p.send(new_message("Slow", b"fast"))
+        assert p.faults.is_available(fast.queue.broker_name)
+        clock.slow = True
+        slow = await p.send(new_message("Slow", b"slow"))
+        clock.slow = False
+        assert not p.faults.is_available(slow.queue.broker_name)  # skipped for 30 s
+        # The only broker is still the one a send goes to.
+        assert (await p.send(new_message("Slow", b"after"))).status is SendStatus.SEND_OK
 
 
 # --- the send coroutine's paths that are not the healthy send, on real brokers ------------

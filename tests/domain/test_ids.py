@@ -85,3 +85,20 @@ def test_keys_made_by_threads_at_once_are_all_different() -> None:
         made = [k for keys in pool.map(lambda _: make(), range(4)) for k in keys]
     assert len(made) == 4 * 2000 * 4 < 0x10000
     assert len(set(made)) == len(made)
+
+
+def test_keys_made_by_threads_as_the_millisecond_turns_carry_their_own_millisecond() -> None:
+    """Threads replace the last key's head as their milliseconds turn while others read it:
+    a key made at ``now`` must still carry ``now`` (never a head another thread just made
+    for another millisecond) and its own counter."""
+    start = threading.Barrier(4)
+
+    def make(t: int) -> list[tuple[int, str]]:
+        start.wait()
+        return [(now, new_uniq_key(now)) for i in range(3000)
+                for now in (NOW + (i + t) % 7,)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        made = [k for keys in pool.map(make, range(4)) for k in keys]
+    assert all(int(key[20:28], 16) == now - MONTH_START for now, key in made)
+    assert len({key[28:] for _, key in made}) == len(made) == 12000 < 0x10000

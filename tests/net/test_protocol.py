@@ -395,8 +395,8 @@ def test_ext_fields_refuses_structured_values() -> None:
 def test_opaque_counter_stays_positive_31_bit() -> None:
     counter = OpaqueCounter()
     assert [counter(), counter()] == [1, 2]
-    counter._next = INT32_MAX
-    assert [counter(), counter()] == [INT32_MAX, 1]
+    counter = OpaqueCounter(INT32_MAX - 1)
+    assert [counter() for _ in range(4)] == [INT32_MAX - 1, INT32_MAX, 1, 2]
 
 
 # --- header field values -------------------------------------------------------------------
