@@ -74,8 +74,15 @@ def agree(master: MessageLog, slave: MessageLog, window: int) -> Outcome:
 
 @pytest.fixture
 def logs() -> Iterator[tuple[MessageLog, MessageLog]]:
+    """Two mmap logs, closed before their directory goes: an open log's allocator may be
+    making its next segment file there as the directory is removed."""
     with tempfile.TemporaryDirectory() as tmp:
-        yield pair(Path(tmp), "mmap")
+        master, slave = pair(Path(tmp), "mmap")
+        try:
+            yield master, slave
+        finally:
+            master.close()
+            slave.close()
 
 
 def pair(root: Path, backend: str) -> tuple[MessageLog, MessageLog]:
