@@ -69,9 +69,7 @@ class LatencyFaultTolerance:
         self.skipping: set[str] = set()
         """Brokers whose last report skipped them (read it, never write it): only these need
         the clock to tell whether they are available, so a send to a healthy broker reads it
-        neither when it picks the queue nor when it reports.  A producer checks the queue it
-        would pick first against this set itself, and calls :func:`select_queue` only when
-        that broker is here."""
+        neither when it picks the queue (:func:`select_queue`) nor when it reports."""
 
     def update(self, broker: str, latency_ms: int, *, failed: bool = False) -> None:
         item = self._items.get(broker)
@@ -115,14 +113,16 @@ def select_queue(
     that just failed; else the least bad broker's next queue; else any other broker's; else
     the queue at ``start`` (a single-broker cluster has nowhere else to go).
 
-    The first choice, ``queues[start % len(queues)]`` when its broker is not ``last_failed``
-    nor in ``faults.skipping``, is what a producer's send takes without calling this."""
+    The common case, the first choice on a broker the fault table is not skipping, is
+    decided by a set lookup: a producer asks on every send."""
     n = len(queues)
     if not n:
         raise ValueError("no queue to select from")
     first = queues[start % n]
-    if first.broker_name != last_failed and faults.is_available(first.broker_name):
-        return first  # the common case, decided without building the ring
+    broker = first.broker_name
+    if broker != last_failed and (broker not in faults.skipping
+                                  or faults.is_available(broker)):
+        return first  # decided without building the ring
     ring = [queues[(start + i) % n] for i in range(n)]
     for q in ring:
         if q.broker_name != last_failed and faults.is_available(q.broker_name):

@@ -28,7 +28,7 @@ from typing import Final
 import attrs
 
 from evq import logs
-from evq.client.direct import BlockingLines
+from evq.client.direct import BlockingLines, MadeRequest
 from evq.client.errors import BrokerRefused, ClientError, NotStarted, SendFailed
 from evq.client.faults import LatencyFaultTolerance, select_queue
 from evq.client.identity import new_client_id
@@ -351,22 +351,15 @@ class Producer:
                 or not known[1]:
             return NOT_TRIED
         _, queues, masters = known
-        # select_queue's first choice and the request's maker are written out here and in
-        # _send: a frame each cost a send more than their work.
         faults = self._faults
-        start = next(self._counter)
-        queue = queues[start % len(queues)]
-        if queue.broker_name in faults.skipping:
-            queue = select_queue(queues, start, faults)
+        queue = select_queue(queues, next(self._counter), faults)
         addr = masters.get(queue.broker_name)
         if addr is None or addr not in self._greeted:
             return NOT_TRIED
-        make = (functools.partial(_batch_request, self.group, queue, list(msgs)) if batch
-                else functools.partial(send_request, self.group, queue, msgs[0]))
         started = self._clock.monotonic()
         try:
             try:
-                answer = lines.request(addr, make)
+                answer = lines.request(addr, self._maker(queue, msgs, batch))
             except TransportError:
                 faults.update(queue.broker_name, 0, failed=True)
                 raise
@@ -406,18 +399,14 @@ class Producer:
             if chosen is not None:
                 queue = chosen
             elif queues:
-                start = next(self._counter)
-                queue = queues[start % len(queues)]
-                if queue.broker_name == last_failed or queue.broker_name in faults.skipping:
-                    queue = select_queue(queues, start, faults, last_failed)
+                queue = select_queue(queues, next(self._counter), faults, last_failed)
             else:
                 raise SendFailed(f"topic {topic!r} has no writable queue")
             try:
                 pool, addr = self._pool, masters.get(queue.broker_name)
                 if pool is None or addr is None or addr not in self._greeted:
                     pool, addr = await self._greeted_master(route, queue)
-                make = (functools.partial(_batch_request, self.group, queue, list(msgs)) if batch
-                        else functools.partial(send_request, self.group, queue, msgs[0]))
+                make = self._maker(queue, msgs, batch)
                 started = self._clock.monotonic()
                 try:
                     conn = pool.opened(addr) or await pool.connect(addr)
@@ -432,6 +421,13 @@ class Producer:
                 last_failed, cause = queue.broker_name, exc
         raise SendFailed(f"send to {topic!r} failed {1 + self.retries} times: {cause}"
                          ) from cause
+
+    def _maker(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool
+               ) -> MadeRequest:
+        """What makes the request of ``msgs`` to ``queue`` for a connection's opaque."""
+        if batch:
+            return functools.partial(_batch_request, self.group, queue, list(msgs))
+        return functools.partial(send_request, self.group, queue, msgs[0])
 
     def _answered(self, queue: MessageQueue, msgs: Sequence[Message], batch: bool,
                   answer: RemotingCommand, started: float, addr: str) -> SendResult:

@@ -354,8 +354,7 @@ cdef object encode_binary(object cmd):
             and PyDict_CheckExact(fields)):
         return pure_encode_frame(cmd)
     remark.data, remark.size = NULL, 0
-    if remark_text is not None and not (PyUnicode_CheckExact(remark_text)
-                                        and utf8_of(remark_text, &remark)):
+    if remark_text is not None and not utf8_of(remark_text, &remark):
         return pure_encode_frame(cmd)
     count = PyDict_GET_SIZE(fields)
     if 2 * count > STACK_TEXTS:
