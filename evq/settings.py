@@ -54,6 +54,8 @@ class NetSettings:
     secret_key: str = attrs.field(default="", repr=False)
     acl_enable: bool = False  # RocketMQ's aclEnable: check every request against acl_file
     acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
+    max_connections: int = 10_000
+    """evq's: client connections the broker holds at once (``TransportConfig``'s bound)."""
 
     @property
     def credentials(self) -> Credentials | None:

@@ -147,8 +147,9 @@ async def _run(opts: PathBenchOptions) -> PathBenchResult:
         await server.start()
         try:
             # A connection as the server makes one for an accepted socket.
-            conn = Connection(server.server.dispatcher, server.server.config, SYSTEM_CLOCK,
-                              pause_on_write=True)
+            config = server.server.config
+            conn = Connection(server.server.dispatcher, config, SYSTEM_CLOCK,
+                              pause_on_write=True, max_header=config.max_header)
             send = await _measure("send", conn, frame, opts)
         finally:
             await server.shutdown(grace=1.0)

@@ -119,10 +119,14 @@ def take_frame(decoder):
     length = get32(p)
     if length < 4 or length + 4 > <Py_ssize_t>decoder.max_frame:
         return pure_take_frame(decoder)  # refused there, with the opaque it can salvage
-    if available < 4 + length:
+    if available < 8:
         return None
     word = <uint32_t>get32(p + 4)
     header_length = word & HEADER_LENGTH_MASK
+    if header_length > <Py_ssize_t>decoder.max_header:
+        return pure_take_frame(decoder)  # refused there
+    if available < 4 + length:
+        return None
     if header_length > length - 4:
         return pure_take_frame(decoder)
     body_length = length - 4 - header_length

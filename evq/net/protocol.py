@@ -67,6 +67,19 @@ INT16 = struct.Struct(">h")
 MAX_FRAME: Final = 16 * 1024 * 1024
 """Largest frame accepted, its LENGTH field included (Java's ``frameMaxLength``)."""
 
+MAX_HEADER: Final = 512 * 1024
+"""Largest header a server takes from its peers (``TransportConfig.max_header``), refused from
+the frame's header word before any of it is read.
+
+A header becomes a dict of Python strings, so its cost follows its field count, not its
+bytes: a 15 MiB header of 1.3 million empty fields held the broker's loop for 0.6-0.7 s and
+grew it by 190 MiB, and a client could send one after another.  The largest request header a
+RocketMQ client sends is a send's, whose ``properties`` the store caps at 32,767 bytes (the
+record's 2-byte length): under 200 KB even with every character JSON-escaped.  At this bound a
+header of empty fields costs the loop about 15 ms.  Answers are another matter: a batch
+send's names every message it stored (190,650 fit a 4 MiB batch, a 6.3 MB header), so a
+client reads headers up to its frame's bound."""
+
 RESPONSE_FLAG: Final = 1 << 0
 ONEWAY_FLAG: Final = 1 << 1
 
@@ -568,10 +581,13 @@ class FrameDecoder:
     should be closed once the error's :meth:`~ProtocolError.response` is sent.
     """
 
-    __slots__ = ("_buf", "_failed", "_pos", "max_frame")
+    __slots__ = ("_buf", "_failed", "_pos", "max_frame", "max_header")
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME,
+                 max_header: int = HEADER_LENGTH_MASK) -> None:
+        """``max_header``: the largest header taken; by default any the frame holds."""
         self.max_frame = max_frame
+        self.max_header = max_header
         self._buf = bytearray()
         self._pos = 0
         self._failed: ProtocolError | None = None
@@ -612,6 +628,8 @@ class FrameDecoder:
             return None
         (word,) = INT32.unpack_from(buf, pos + 4)
         header_length = word & HEADER_LENGTH_MASK
+        if header_length > self.max_header:
+            return self._fixed_opaque(word)
         if header_length > length - 4 or len(buf) - pos < 8 + header_length:
             return None
         try:
@@ -620,6 +638,16 @@ class FrameDecoder:
         except ProtocolError as exc:
             return exc.opaque
         return _answerable(cmd.opaque, cmd.flag)
+
+    def _fixed_opaque(self, word: int) -> int | None:
+        """The opaque of a frame whose header is not to be decoded, from a ROCKETMQ header's
+        fixed fields when they arrived; a JSON header's is anywhere in it."""
+        pos = self._pos
+        binary = (word >> 24) & 0xFF == SerializeType.ROCKETMQ
+        if not binary or len(self._buf) - pos < 8 + BINARY_FIXED.size:
+            return None
+        _, _, _, opaque, flag = BINARY_FIXED.unpack_from(self._buf, pos + 8)
+        return _answerable(opaque, flag)
 
 
 def _take_frame(decoder: FrameDecoder) -> RemotingCommand | None:
@@ -637,10 +665,17 @@ def _take_frame(decoder: FrameDecoder) -> RemotingCommand | None:
             f"frame of {length + 4} bytes exceeds the {decoder.max_frame}-byte limit",
             opaque=decoder._salvage(length),
         )
-    if available < 4 + length:
+    if available < 8:
         return None
     (word,) = INT32.unpack_from(buf, pos + 4)
     serialize_type, header_length = (word >> 24) & 0xFF, word & HEADER_LENGTH_MASK
+    if header_length > decoder.max_header:
+        raise ProtocolError(
+            f"header of {header_length} bytes exceeds the {decoder.max_header}-byte limit",
+            opaque=decoder._fixed_opaque(word),
+        )
+    if available < 4 + length:
+        return None
     if header_length > length - 4:
         raise ProtocolError(f"header length {header_length} exceeds frame length {length}")
     # Copies out of a view released at once: a live export would forbid resizing the buffer.

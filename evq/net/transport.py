@@ -94,7 +94,9 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import protocol
 from evq.net.listener import SniffingListener
 from evq.net.protocol import (
+    HEADER_LENGTH_MASK,
     MAX_FRAME,
+    MAX_HEADER,
     ONEWAY_FLAG,
     RESPONSE_FLAG,
     FrameDecoder,
@@ -140,6 +142,8 @@ _T = TypeVar("_T")
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 _REMARK_LIMIT: Final = 256
+REFUSAL_LOG_INTERVAL_S: Final = 10.0
+"""How often a flood of refused connections is logged: once, with its count, not a line each."""
 _connection_ids = itertools.count(1)
 
 
@@ -149,6 +153,9 @@ class TransportConfig:
 
     max_frame: int = MAX_FRAME
     """Largest frame taken from a peer (Java's 16 MiB ``frameMaxLength``)."""
+    max_header: int = MAX_HEADER
+    """Largest header a server takes from a peer (see :data:`~evq.net.protocol.MAX_HEADER`);
+    a client takes any header its frame holds."""
     max_in_flight: int = 1024
     """Handlers running at once on one connection: a client process pulls every queue it owns
     over one connection, with one long poll parked per queue."""
@@ -161,6 +168,10 @@ class TransportConfig:
     messages waiting for a flush or a slave); past it no further request is taken."""
     idle_timeout: float = 120.0
     """Seconds without traffic after which the server closes a connection (Java: 120)."""
+    max_connections: int = 10_000
+    """Connections a server holds at once (Redis's ``maxclients``); one more is closed as
+    soon as it is accepted.  Each holds up to a frame and its requests in memory, and a
+    descriptor the store may need to open its next segment or index file."""
     idle_check_interval: float = 10.0
     connect_timeout: float = 3.0
 
@@ -170,8 +181,10 @@ class TransportConfig:
                 f"write_low_water {self.write_low_water} must be between 0 and "
                 f"write_high_water {self.write_high_water}"
             )
-        if min(self.max_frame, self.max_in_flight, self.max_request_bytes) < 1:
-            raise ValueError("max_frame, max_in_flight and max_request_bytes must be positive")
+        if min(self.max_frame, self.max_header, self.max_in_flight, self.max_request_bytes,
+               self.max_connections) < 1:
+            raise ValueError("max_frame, max_header, max_in_flight, max_request_bytes and "
+                             "max_connections must be positive")
         if min(self.idle_timeout, self.idle_check_interval, self.connect_timeout) <= 0:
             raise ValueError("timeouts and intervals must be positive")
 
@@ -559,7 +572,11 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         *,
         pause_on_write: bool,
         security: ClientSecurity | None = None,
+        max_header: int = HEADER_LENGTH_MASK,
     ) -> None:
+        """``max_header``: the largest header taken from the peer; a server's connections
+        pass ``config.max_header``, a client's take any its frame holds (a batch send's
+        answer names every message the batch stored)."""
         self.id = next(_connection_ids)
         self._credentials = security.credentials if security is not None else None
         self.peer = "?"
@@ -567,7 +584,7 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         self._dispatcher = dispatcher
         self._config = config
         self._clock = clock
-        self._decoder = FrameDecoder(config.max_frame)
+        self._decoder = FrameDecoder(config.max_frame, max_header)
         self._opaques = OpaqueCounter()
         self._pending: dict[int, _Pending] = {}
         """This side's requests waiting for an answer, by opaque."""
@@ -906,6 +923,11 @@ class RemotingServer:
         self._listener: SniffingListener | None = None
         self._connections: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.refused_connections = 0
+        """Connections closed on arrival because :attr:`TransportConfig.max_connections`
+        were open (a counter a metrics surface reads)."""
+        self._refusals_logged = 0  # refused_connections when a warning last said so
+        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
 
     async def start(self, *, serving: bool = True) -> None:
         """Bind, and listen unless ``serving`` is False; ``port`` is the bound port afterwards.
@@ -1001,23 +1023,53 @@ class RemotingServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
-    def _new_connection(self) -> Connection:
+    def _new_connection(self) -> asyncio.BaseProtocol:
+        if self._full():
+            return _Refused()
         conn = self._make_connection()
         self._track(conn)
         return conn
 
     def _make_connection(self) -> Connection:
-        return Connection(self.dispatcher, self.config, self._clock, pause_on_write=True)
+        return Connection(self.dispatcher, self.config, self._clock, pause_on_write=True,
+                          max_header=self.config.max_header)
 
     def _track(self, conn: asyncio.BaseProtocol) -> None:
+        """Count ``conn`` among the open connections; over TLS it comes here once its
+        handshake is done, and is closed at once if the server is full by then."""
         assert isinstance(conn, Connection)
+        if conn not in self._connections and self._full():
+            conn.close()
+            return
         self._connections.add(conn)
         conn.add_close_callback(self._connections.discard)
+
+    def _full(self) -> bool:
+        """Whether ``max_connections`` are open, counting one more refusal if so.  A flood of
+        refusals is logged once per :data:`REFUSAL_LOG_INTERVAL_S`, with its count."""
+        if len(self._connections) < self.config.max_connections:
+            return False
+        self.refused_connections += 1
+        now = self._clock.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            log.warning("connections refused: the server is full",
+                        max_connections=self.config.max_connections,
+                        refused=self.refused_connections - self._refusals_logged)
+            self._refusals_logged, self._refusal_logged_at = self.refused_connections, now
+        return True
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.config.idle_check_interval)
             self.close_idle()
+
+
+class _Refused(asyncio.Protocol):
+    """What a connection past ``max_connections`` gets: closed as soon as it is made, before
+    any of its bytes are read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class RemotingClient:

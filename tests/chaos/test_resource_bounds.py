@@ -24,7 +24,7 @@ from evq.domain import sysflag as sf
 from evq.domain.codes import ResponseCode
 from evq.domain.record import iter_records
 from evq.net.codes import RequestCode
-from evq.net.protocol import FrameDecoder, RemotingCommand
+from evq.net.protocol import BINARY_FIXED, MAX_HEADER, FrameDecoder, RemotingCommand
 from evq.net.transport import RemotingClient, run
 from tests.chaos.conftest import Report
 from tests.processes import Running, port_of, running_evq
@@ -268,6 +268,63 @@ def test_a_batch_at_the_size_limit_is_stored_whole_while_the_loop_serves_others(
             await read_back(client, kept)
             report(messages=count, batch_bytes=len(body), slowest_answer_ms=round(slowest * 1e3),
                    loop_stall_max_ms=stall, rss_growth_mib=round(growth / MIB, 1))
+
+    with running_broker_alone(tmp_path / "data") as broker:
+        run(scenario(broker))
+
+
+def empty_fields_header(count: int) -> bytes:
+    """A ROCKETMQ SEND_MESSAGE header of ``count`` distinct empty fields: the most Python
+    objects a header's bytes can ask the broker to make."""
+    fields = b"".join(struct.pack(">h", 7) + b"x%06x" % i + struct.pack(">i", 0)
+                      for i in range(count))
+    fixed = BINARY_FIXED.pack(RequestCode.SEND_MESSAGE, 0, 317, 3, 0)
+    return fixed + struct.pack(">i", 0) + struct.pack(">i", len(fields)) + fields
+
+
+def test_headers_of_empty_fields_cost_the_loop_the_bound_at_most(tmp_path: Path,
+                                                                 report: Report) -> None:
+    """Four connections each send a 15 MiB header of 1.1 million empty fields (refused from
+    its header word), then a send carries a header of the bound's size full of them besides
+    its own (stored: the broker ignores fields it does not know).  Each 15 MiB header once
+    held the broker's loop for 0.6-0.7 s and grew it by 190 MiB."""
+    huge = empty_fields_header(1_100_000)
+    huge_frame = struct.pack(">ii", 4 + len(huge), 1 << 24 | len(huge)) + huge
+
+    async def attack(port: int) -> None:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            writer.write(huge_frame)
+            await writer.drain()
+            await reader.read()  # the refusal, then the close (or a reset: it read no more)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def scenario(broker: Running) -> None:
+        pid, port = broker.proc.pid, port_of(broker.addresses["broker"])
+        async with RemotingClient(HOST, port) as client:
+            kept = await store_kept(client)
+            baseline = rss(pid)
+            attacks = asyncio.gather(*(attack(port) for _ in range(4)))
+            peak = await watch_rss(pid, baseline, 1.0)
+            await attacks
+            own = send_fields()
+            filler = (MAX_HEADER - 4096) // 13  # 13 bytes a field as JSON: "x000000":"",
+            fields = {**{f"x{i:06x}": "" for i in range(filler)}, **own}
+            request = RemotingCommand.request(RequestCode.SEND_MESSAGE, fields, b"padded")
+            header_bytes = len(request.encode()) - 8 - len(b"padded")
+            assert MAX_HEADER - 8192 < header_bytes <= MAX_HEADER
+            r = await client.invoke(request, TIMEOUT)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            info = await call(client, RequestCode.GET_BROKER_RUNTIME_INFO, {})
+            stall = float(json.loads(info.body)["table"]["evqLoopStallMaxMs"])
+            assert stall < 250, stall
+            await read_back(client, [*kept, b"padded"])
+            report(refused_header_bytes=len(huge), refused_fields=1_100_000,
+                   bound_header_bytes=header_bytes, bound_fields=filler + len(own),
+                   rss_growth_mib=round(peak / MIB, 1), loop_stall_max_ms=stall)
 
     with running_broker_alone(tmp_path / "data") as broker:
         run(scenario(broker))

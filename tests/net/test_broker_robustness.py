@@ -510,3 +510,21 @@ async def test_a_thousand_connections_and_peers_vanishing_mid_frame_and_mid_long
                 writer.transport.abort()
         await eventually(lambda: len(b.server.connections) == 1)
         assert holds.parked == 0 and not handler_tasks()
+
+
+async def test_a_broker_at_max_connections_closes_one_more_on_arrival(tmp_path: Path) -> None:
+    """broker.conf's ``maxConnections`` bounds the broker's port: at it, one more connection
+    is closed before it is read, and the clients connected keep sending."""
+    async with broker(tmp_path, max_connections=3) as b:
+        clients = [RemotingClient(HOST, b.server.port) for _ in range(3)]
+        try:
+            for i, c in enumerate(clients):
+                await call(c, RequestCode.SEND_MESSAGE, send_fields(0, {}), b"m%d" % i)
+            reader, writer = await asyncio.open_connection(HOST, b.server.port)
+            assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # closed at once
+            writer.close()
+            assert b.server.refused_connections == 1
+            await call(clients[0], RequestCode.SEND_MESSAGE, send_fields(0, {}), b"after")
+        finally:
+            for c in clients:
+                await c.close()

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from evq.net import protocol
 from evq.net.codes import LanguageCode
 from evq.net.protocol import (
+    BINARY_FIXED,
     COMPILED,
+    MAX_HEADER,
     PURE,
     FrameCodec,
     FrameDecoder,
@@ -47,10 +49,11 @@ def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
         return "raised", (type(exc), str(exc), getattr(exc, "opaque", None))
 
 
-def taken(codec: FrameCodec, chunks: list[bytes], max_frame: int) -> list[object]:
+def taken(codec: FrameCodec, chunks: list[bytes], max_frame: int,
+          max_header: int = MAX_HEADER) -> list[object]:
     """Everything a decoder gives for ``chunks`` fed one at a time, each followed by taking
     frames until none is left or one fails: commands, errors, and where the decoder stood."""
-    decoder = FrameDecoder(max_frame)
+    decoder = FrameDecoder(max_frame, max_header)
     seen: list[object] = []
     for chunk in chunks:
         decoder._buf += chunk
@@ -64,10 +67,12 @@ def taken(codec: FrameCodec, chunks: list[bytes], max_frame: int) -> list[object
     return seen
 
 
-def assert_same_taking(frames: bytes, cuts: list[int], max_frame: int = 1 << 20) -> None:
+def assert_same_taking(frames: bytes, cuts: list[int], max_frame: int = 1 << 20,
+                       max_header: int = MAX_HEADER) -> None:
     points = sorted({min(c, len(frames)) for c in cuts})
     chunks = [frames[a:b] for a, b in zip([0, *points], [*points, len(frames)], strict=True)]
-    assert taken(COMPILED, chunks, max_frame) == taken(PURE, chunks, max_frame)
+    assert (taken(COMPILED, chunks, max_frame, max_header)
+            == taken(PURE, chunks, max_frame, max_header))
 
 
 def frame(header: bytes, body: bytes = b"", kind: int = 0) -> bytes:
@@ -179,6 +184,17 @@ def test_any_header_bytes_of_any_kind_give_the_same(header: bytes, kind: int,
 @example(struct.pack(">ii", 30, 50) + b"{}", 64, [])
 def test_any_bytes_give_the_same(data: bytes, max_frame: int, cuts: list[int]) -> None:
     assert_same_taking(data, cuts, max_frame)
+
+
+@given(st.binary(max_size=80), st.integers(8, 64), st.integers(0, 40),
+       st.lists(st.integers(0, 80), max_size=3))
+@example(frame(BINARY_FIXED.pack(10, 0, 1, 5, 0) + bytes(8), b"", 1), 64, 20, [])
+@example(frame(BINARY_FIXED.pack(10, 0, 1, 5, 0) + bytes(8), b"", 1), 64, 20, [9])
+@example(frame(BINARY_FIXED.pack(10, 0, 1, 5, 0) + bytes(8), b"", 1), 64, 21, [])
+@example(frame(b'{"code":10,"opaque":5}', b"", 0), 64, 21, [])
+def test_any_bytes_under_any_header_limit_give_the_same(data: bytes, max_frame: int,
+                                                        max_header: int, cuts: list[int]) -> None:
+    assert_same_taking(data, cuts, max_frame, max_header)
 
 
 def test_an_oversize_frame_salvages_the_same_opaque() -> None:

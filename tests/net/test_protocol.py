@@ -16,8 +16,10 @@ from evq.domain.codes import BrokerError, ResponseCode
 from evq.net import protocol
 from evq.net.codes import LanguageCode, RequestCode, Version
 from evq.net.protocol import (
+    BINARY_FIXED,
     INT32_MAX,
     MAX_FRAME,
+    MAX_HEADER,
     FrameDecoder,
     HeaderFieldError,
     OpaqueCounter,
@@ -331,6 +333,86 @@ def test_oversize_frame_before_its_header_arrived_has_no_opaque() -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.next_command()
     assert info.value.opaque is None
+
+
+def binary_header(size: int, *, opaque: int = 9, flag: int = 0) -> bytes:
+    """A ROCKETMQ request header of exactly ``size`` bytes: its remark fills what the fixed
+    fields and the two lengths leave."""
+    fixed = BINARY_FIXED.pack(10, 0, 317, opaque, flag)
+    remark = b"r" * (size - len(fixed) - 8)
+    return fixed + struct.pack(">i", len(remark)) + remark + struct.pack(">i", 0)
+
+
+def json_header(size: int) -> bytes:
+    """A JSON request header of exactly ``size`` bytes, its remark the filling."""
+    start, end = b'{"code":10,"opaque":9,"remark":"', b'"}'
+    return start + b"r" * (size - len(start) - len(end)) + end
+
+
+@pytest.mark.parametrize(("make", "kind"), [(json_header, 0), (binary_header, 1)])
+def test_a_header_of_exactly_the_limit_is_decoded(make: Callable[[int], bytes],
+                                                   kind: int) -> None:
+    header = make(MAX_HEADER)
+    assert len(header) == MAX_HEADER
+    cmd = decode_one(frame(header, b"body", kind))
+    assert (cmd.code, cmd.opaque, cmd.body) == (10, 9, b"body")
+    assert cmd.remark is not None and len(cmd.remark) > MAX_HEADER - 64
+    assert cmd.remark == "r" * len(cmd.remark)
+
+
+@pytest.mark.parametrize(
+    ("header", "kind", "opaque"),
+    [
+        (binary_header(MAX_HEADER + 1), 1, 9),  # a request: answerable from its fixed fields
+        (binary_header(MAX_HEADER + 1, flag=1), 1, None),  # a response
+        (binary_header(MAX_HEADER + 1, flag=2), 1, None),  # oneway
+        (json_header(MAX_HEADER + 1), 0, None),  # its opaque could be anywhere in it
+    ],
+)
+def test_a_header_over_the_limit_is_refused_from_its_header_word(
+    header: bytes, kind: int, opaque: int | None
+) -> None:
+    whole = frame(header, b"", kind)
+    for sent in (whole[: 8 + BINARY_FIXED.size], whole):  # the rest never came, or did
+        decoder = FrameDecoder(max_header=MAX_HEADER)  # a server's
+        decoder.feed(sent)
+        with pytest.raises(ProtocolError) as info:
+            decoder.next_command()
+        assert info.value.reason == (
+            f"header of {MAX_HEADER + 1} bytes exceeds the {MAX_HEADER}-byte limit")
+        assert info.value.opaque == opaque
+    assert decode_one(whole).opaque == 9  # a client's decoder takes any its frame holds
+
+
+def test_a_batch_sends_answer_past_the_header_limit_reaches_its_client() -> None:
+    """A batch send's answer names every message stored: 190,650 fit a 4 MiB batch."""
+    ids = ",".join(f"{i:032X}" for i in range(190_650))
+    answer = RemotingCommand(code=0, opaque=4, flag=1, ext_fields={"msgId": ids})
+    assert len(answer.encode()) > 6_000_000
+    assert decode_one(answer.encode()).ext_fields["msgId"] == ids
+
+
+def test_a_header_over_the_limit_before_its_fixed_fields_arrived_has_no_opaque() -> None:
+    decoder = FrameDecoder(max_header=MAX_HEADER)
+    decoder.feed(frame(binary_header(MAX_HEADER + 1), b"", 1)[:8])
+    with pytest.raises(ProtocolError) as info:
+        decoder.next_command()
+    assert info.value.opaque is None
+
+
+@pytest.mark.parametrize(("header", "kind", "opaque"),
+                         [(binary_header(2048), 1, 9), (json_header(2048), 0, None)])
+def test_an_oversize_frame_is_not_decoded_for_its_opaque_past_the_header_limit(
+    header: bytes, kind: int, opaque: int | None
+) -> None:
+    """The salvage of an oversize frame's opaque reads no more of a header than a frame's
+    decoding would: past the bound, a ROCKETMQ header's fixed fields only."""
+    decoder = FrameDecoder(max_frame=4096, max_header=1024)
+    decoder.feed(frame(header, bytes(5000), kind)[: 8 + len(header)])
+    with pytest.raises(ProtocolError) as info:
+        decoder.next_command()
+    assert "exceeds the 4096-byte limit" in info.value.reason
+    assert info.value.opaque == opaque
 
 
 def test_frame_of_exactly_the_limit_is_accepted() -> None:

@@ -19,7 +19,7 @@ from evq.domain.clock import ManualClock
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.net.codes import RequestCode
 from evq.net.headers.offsets import GetMaxOffsetRequest
-from evq.net.protocol import RemotingCommand
+from evq.net.protocol import BINARY_FIXED, MAX_HEADER, RemotingCommand, SerializeType
 from evq.net.transport import (
     REQUEST_TASK_NAME,
     Answer,
@@ -373,7 +373,57 @@ async def test_oversize_frame_is_refused_without_buffering_it() -> None:
         assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
 
 
+async def test_a_header_over_the_limit_is_refused_and_one_at_it_answered() -> None:
+    """A header is bounded apart from its frame (a header's fields cost far more than a
+    body's bytes): past the bound the peer is told why and closed, at it the request runs."""
+    async with serving({ECHO: echo}) as server, client_of(server) as bystander:
+        for size, answered in ((MAX_HEADER, True), (MAX_HEADER + 1, False)):
+            fixed = BINARY_FIXED.pack(ECHO, 0, 317, 21, 0)
+            remark = b"r" * (size - len(fixed) - 8)
+            header = fixed + struct.pack(">i", len(remark)) + remark + struct.pack(">i", 0)
+            word = SerializeType.ROCKETMQ << 24 | len(header)
+            whole = struct.pack(">ii", 4 + len(header) + 4, word) + header + b"body"
+            async with RawPeer.connect(server) as peer:
+                # Past the bound, what precedes the remark decides: no more is sent, so the
+                # server closes a socket with nothing unread (a reset could drop the answer).
+                await peer.send(whole if answered else whole[: 8 + BINARY_FIXED.size])
+                answer = await peer.receive()
+                assert answer is not None and answer.opaque == 21
+                if answered:
+                    assert (answer.code, answer.body) == (0, b"body")
+                else:
+                    assert answer.code == ResponseCode.SYSTEM_ERROR
+                    assert answer.remark == (f"header of {MAX_HEADER + 1} bytes exceeds the "
+                                             f"{MAX_HEADER}-byte limit")
+                    assert await peer.receive() is None  # closed: framing is lost
+        assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+
+
 # --- limits -------------------------------------------------------------------------------
+
+
+async def test_a_connection_past_the_limit_is_closed_on_arrival() -> None:
+    """At ``max_connections`` one more connection is closed before it is read, the others are
+    served all along, and a place freed is taken again; a flood is logged once, counted."""
+    async with serving({ECHO: echo}, max_connections=2) as server, \
+            client_of(server) as first:
+        assert (await first.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0  # opened
+        async with RawPeer.connect(server) as second:
+            await second.send(raw_frame(b'{"code":%d,"opaque":1}' % ECHO))
+            assert (await second.receive()).opaque == 1  # type: ignore[union-attr]
+            with capture_logs() as logs:
+                for _ in range(3):
+                    async with RawPeer.connect(server) as extra:
+                        assert await extra.receive() is None  # closed on arrival
+            assert server.refused_connections == 3
+            warnings = [e for e in logs if e["event"] == "connections refused: the server is full"]
+            assert [(w["max_connections"], w["refused"]) for w in warnings] == [(2, 1)]
+            assert (await first.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+        await eventually(lambda: len(server.connections) == 1)
+        async with RawPeer.connect(server) as third:  # the second's place
+            await third.send(raw_frame(b'{"code":%d,"opaque":3}' % ECHO))
+            assert (await third.receive()).opaque == 3  # type: ignore[union-attr]
+        assert server.refused_connections == 3
 
 
 async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> None:

@@ -119,9 +119,10 @@ class BrokerServer:
                          if credentials is not None or self._client_tls is not None else None)
         """What the broker's own outgoing connections carry (name servers, its master): its
         own account's signature and TLS, each when configured."""
-        self.server = RemotingServer(settings.net.host, settings.net.listen_port,
-                                     self._dispatcher, config=transport, clock=clock,
-                                     tls=self._server_tls)
+        self.server = RemotingServer(
+            settings.net.host, settings.net.listen_port, self._dispatcher,
+            config=transport or TransportConfig(max_connections=settings.net.max_connections),
+            clock=clock, tls=self._server_tls)
         self.ctx: BrokerContext | None = None
         self.registrar: BrokerRegistrar | None = None
         self.ha_master: HAMaster | None = None
