@@ -48,6 +48,7 @@ from evq.ha.frames import (
 from evq.ha.handshake import decide
 from evq.ha.log_window import LogWindow
 from evq.net.listener import SniffingListener
+from evq.net.refusals import Refusals
 from evq.net.tls import ServerTls
 
 log = logs.get_logger(__name__)
@@ -55,6 +56,10 @@ log = logs.get_logger(__name__)
 HEARTBEAT_S = 5.0  # haSendHeartbeatInterval
 HOUSEKEEPING_S = 20.0  # haHousekeepingInterval: a slave silent this long is dropped
 SLAVE_FALLBEHIND_MAX = 256 * 1024 * 1024  # haSlaveFallbehindMax
+MAX_CONNECTIONS = 64
+"""Connections the HA port holds at once (evq's bound; RocketMQ has none): a group has one or
+two slaves, and one reconnecting may briefly hold two.  Each costs a descriptor the store may
+need for its next segment, and an admitted one a reader of the log."""
 _READ = 64 * 1024
 
 
@@ -66,15 +71,17 @@ class _Slave:
 
 
 class HAMaster:
-    """Replication to any number of slaves.  Bind with :meth:`start`; :attr:`port` is the
-    bound port (``port=0`` picks a free one).  ``accounts`` gives the ACL in force: only its
-    admin accounts may attach as slaves; None admits any slave, as RocketMQ does."""
+    """Replication to its slaves.  Bind with :meth:`start`; :attr:`port` is the bound port
+    (``port=0`` picks a free one).  ``accounts`` gives the ACL in force: only its admin
+    accounts may attach as slaves; None admits any slave, as RocketMQ does.
+    ``max_connections``: connections the port holds at once (see :data:`MAX_CONNECTIONS`)."""
 
     def __init__(self, message_log: MessageLog, host: str, port: int, *,
                  heartbeat_s: float = HEARTBEAT_S, housekeeping_s: float = HOUSEKEEPING_S,
                  fallbehind_max: int = SLAVE_FALLBEHIND_MAX,
                  accounts: Callable[[], AclConfig] | None = None,
-                 tls: ServerTls | None = None) -> None:
+                 tls: ServerTls | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self._log = message_log
         self._accounts = accounts
         self._window = LogWindow(message_log)
@@ -92,6 +99,8 @@ class HAMaster:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe = lambda: None
         self._connections: set[asyncio.Task[None]] = set()
+        self.refusals = Refusals("ha_connections_refused", max_connections)
+        """Connections closed on arrival because ``max_connections`` were open."""
 
     @property
     def port(self) -> int:
@@ -183,7 +192,12 @@ class HAMaster:
         """asyncio's callback for a new connection: the session runs in a task of the
         master's own, which :meth:`shutdown` cancels.  Cancelling the callback's task instead
         makes Python 3.11's stream machinery report the cancellation as an error, with a
-        traceback, on every shutdown with a slave connected."""
+        traceback, on every shutdown with a slave connected.  Past ``max_connections`` the
+        connection is closed before anything is sent or read."""
+        if len(self._connections) >= self.refusals.bound:
+            self.refusals.refuse(port=self.port)
+            writer.close()
+            return
         task = asyncio.get_running_loop().create_task(self._session(reader, writer))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)

@@ -104,6 +104,7 @@ from evq.net.protocol import (
     ProtocolError,
     RemotingCommand,
 )
+from evq.net.refusals import Refusals
 from evq.net.security import ClientSecurity
 from evq.net.tls import ServerTls, describe
 
@@ -142,8 +143,6 @@ _T = TypeVar("_T")
 
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 _REMARK_LIMIT: Final = 256
-REFUSAL_LOG_INTERVAL_S: Final = 10.0
-"""How often a flood of refused connections is logged: once, with its count, not a line each."""
 _connection_ids = itertools.count(1)
 
 
@@ -923,11 +922,10 @@ class RemotingServer:
         self._listener: SniffingListener | None = None
         self._connections: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
-        self.refused_connections = 0
+        self.refusals = Refusals("connections refused: the server is full",
+                                 self.config.max_connections, clock)
         """Connections closed on arrival because :attr:`TransportConfig.max_connections`
-        were open (a counter a metrics surface reads)."""
-        self._refusals_logged = 0  # refused_connections when a warning last said so
-        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
+        were open."""
 
     async def start(self, *, serving: bool = True) -> None:
         """Bind, and listen unless ``serving`` is False; ``port`` is the bound port afterwards.
@@ -1045,17 +1043,10 @@ class RemotingServer:
         conn.add_close_callback(self._connections.discard)
 
     def _full(self) -> bool:
-        """Whether ``max_connections`` are open, counting one more refusal if so.  A flood of
-        refusals is logged once per :data:`REFUSAL_LOG_INTERVAL_S`, with its count."""
+        """Whether ``max_connections`` are open, counting one more refusal if so."""
         if len(self._connections) < self.config.max_connections:
             return False
-        self.refused_connections += 1
-        now = self._clock.monotonic()
-        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
-            log.warning("connections refused: the server is full",
-                        max_connections=self.config.max_connections,
-                        refused=self.refused_connections - self._refusals_logged)
-            self._refusals_logged, self._refusal_logged_at = self.refused_connections, now
+        self.refusals.refuse()
         return True
 
     async def _sweep(self) -> None:

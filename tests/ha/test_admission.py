@@ -151,3 +151,34 @@ def test_a_proof_round_trips() -> None:
     data = proof.encode()
     assert decode_proof(data[6:6 + proof_rest_size(data[:6])]) == proof
     assert Proof("é", bytes(20)).encode()[4:6] == b"\x00\x02"
+
+
+@in_loop
+async def test_the_port_closes_a_connection_past_its_bound_before_a_byte(tmp_path: Path) -> None:
+    """At ``max_connections`` one more connection gets nothing, not even the greeting, and is
+    closed; a place freed is taken again."""
+    log = open_log("memory", tmp_path / "m", SMALL, clock=ManualClock(), background=False)
+    master = HAMaster(log, "127.0.0.1", 0, max_connections=1)
+    await master.start()
+    try:
+        first = await asyncio.open_connection(*split_address(master.address))
+        async with asyncio.timeout(WAIT_S):
+            assert Greeting.decode(await first[0].readexactly(GREETING.size)).auth is False
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection(*split_address(master.address))
+                assert await reader.read() == b""  # closed, never greeted
+                writer.close()
+        assert master.refusals.count == 2
+        first[1].close()
+        async with asyncio.timeout(WAIT_S):
+            while True:  # the first's session ends once the master reads its close
+                reader, writer = await asyncio.open_connection(*split_address(master.address))
+                got = await reader.read(GREETING.size)
+                writer.close()
+                if got:
+                    break
+                await asyncio.sleep(0.01)
+        assert Greeting.decode(got).auth is False
+    finally:
+        await master.shutdown()
+        log.close()

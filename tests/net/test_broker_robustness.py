@@ -523,7 +523,7 @@ async def test_a_broker_at_max_connections_closes_one_more_on_arrival(tmp_path: 
             reader, writer = await asyncio.open_connection(HOST, b.server.port)
             assert await asyncio.wait_for(reader.read(), TIMEOUT) == b""  # closed at once
             writer.close()
-            assert b.server.refused_connections == 1
+            assert b.server.refusals.count == 1
             await call(clients[0], RequestCode.SEND_MESSAGE, send_fields(0, {}), b"after")
         finally:
             for c in clients:

@@ -415,7 +415,7 @@ async def test_a_connection_past_the_limit_is_closed_on_arrival() -> None:
                 for _ in range(3):
                     async with RawPeer.connect(server) as extra:
                         assert await extra.receive() is None  # closed on arrival
-            assert server.refused_connections == 3
+            assert server.refusals.count == 3
             warnings = [e for e in logs if e["event"] == "connections refused: the server is full"]
             assert [(w["max_connections"], w["refused"]) for w in warnings] == [(2, 1)]
             assert (await first.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
@@ -423,7 +423,7 @@ async def test_a_connection_past_the_limit_is_closed_on_arrival() -> None:
         async with RawPeer.connect(server) as third:  # the second's place
             await third.send(raw_frame(b'{"code":%d,"opaque":3}' % ECHO))
             assert (await third.receive()).opaque == 3  # type: ignore[union-attr]
-        assert server.refused_connections == 3
+        assert server.refusals.count == 3
 
 
 async def test_a_peer_that_does_not_read_does_not_grow_the_server_buffer() -> None:
