@@ -56,6 +56,8 @@ class NetSettings:
     acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
     max_connections: int = 10_000
     """evq's: client connections the broker holds at once (``TransportConfig``'s bound)."""
+    max_buffered_bytes: int = 1024 * 1024 * 1024
+    """evq's: bytes of requests the broker holds for all its clients together."""
 
     @property
     def credentials(self) -> Credentials | None:

@@ -65,8 +65,8 @@ cdef class ReadPath:
 
     cdef public object _decoder, _dispatcher, _clock, _transport, _read_view, last_active
     cdef public set _tasks
-    cdef public Py_ssize_t _held, _max_in_flight, _max_request_bytes
-    cdef public bint _stopped, _reading, _writing_paused, _pause_on_write
+    cdef public Py_ssize_t _held, _partial, _max_in_flight, _max_request_bytes
+    cdef public bint _stopped, _reading, _writing_paused, _pause_on_write, _budget_paused
 
     # -- asyncio.BufferedProtocol, and the methods the connection calls ------------------------
 
@@ -144,7 +144,10 @@ cdef class ReadPath:
         except ProtocolError as exc:
             self._refuse(exc)
             take = self.may_take()
-        if take != self._reading:
+        buf = decoder._buf
+        if PyByteArray_GET_SIZE(buf) - <Py_ssize_t>decoder._pos != self._partial:
+            self._account()  # a frame begun or ended: the budget's business
+        if (take and not self._budget_paused) != self._reading:
             self._update_reading()
         return 0
 

@@ -104,6 +104,7 @@ from evq.net.protocol import (
     ProtocolError,
     RemotingCommand,
 )
+from evq.net.read_budget import ReadBudget
 from evq.net.refusals import Refusals
 from evq.net.security import ClientSecurity
 from evq.net.tls import ServerTls, describe
@@ -167,6 +168,10 @@ class TransportConfig:
     messages waiting for a flush or a slave); past it no further request is taken."""
     idle_timeout: float = 120.0
     """Seconds without traffic after which the server closes a connection (Java: 120)."""
+    max_buffered_bytes: int = 1024 * 1024 * 1024
+    """Bytes of requests a server holds for all its connections together (frames arriving,
+    requests its handlers hold); past it, a connection in the middle of a frame waits (see
+    :mod:`evq.net.read_budget`)."""
     max_connections: int = 10_000
     """Connections a server holds at once (Redis's ``maxclients``); one more is closed as
     soon as it is accepted.  Each holds up to a frame and its requests in memory, and a
@@ -181,9 +186,9 @@ class TransportConfig:
                 f"write_high_water {self.write_high_water}"
             )
         if min(self.max_frame, self.max_header, self.max_in_flight, self.max_request_bytes,
-               self.max_connections) < 1:
-            raise ValueError("max_frame, max_header, max_in_flight, max_request_bytes and "
-                             "max_connections must be positive")
+               self.max_buffered_bytes, self.max_connections) < 1:
+            raise ValueError("max_frame, max_header, max_in_flight, max_request_bytes, "
+                             "max_buffered_bytes and max_connections must be positive")
         if min(self.idle_timeout, self.idle_check_interval, self.connect_timeout) <= 0:
             raise ValueError("timeouts and intervals must be positive")
 
@@ -426,6 +431,8 @@ class ReadPath:
         _read_view: memoryview
         _tasks: set[asyncio.Task[None]]
         _held: int
+        _partial: int
+        _budget_paused: bool
         _max_in_flight: int
         _max_request_bytes: int
         _stopped: bool
@@ -437,6 +444,7 @@ class ReadPath:
         def _resolve(self, response: RemotingCommand) -> None: ...
         def _refuse(self, exc: ProtocolError) -> None: ...
         def _update_reading(self) -> None: ...
+        def _account(self) -> None: ...
         def _failed(self, exc: BaseException) -> None: ...
         def _unencodable(self, cmd: RemotingCommand, exc: ProtocolError) -> bytes: ...
         def _handle(self, cmd: RemotingCommand) -> Coroutine[Any, Any, None]: ...
@@ -488,7 +496,9 @@ class ReadPath:
         except ProtocolError as exc:
             self._refuse(exc)
             take = self._may_take()
-        if take != self._reading:
+        if decoder.buffered != self._partial:  # a frame begun or ended: the budget's business
+            self._account()
+        if (take and not self._budget_paused) != self._reading:
             self._update_reading()
 
     def _start(self, cmd: RemotingCommand, size: int) -> None:
@@ -572,10 +582,12 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         pause_on_write: bool,
         security: ClientSecurity | None = None,
         max_header: int = HEADER_LENGTH_MASK,
+        budget: ReadBudget | None = None,
     ) -> None:
         """``max_header``: the largest header taken from the peer; a server's connections
         pass ``config.max_header``, a client's take any its frame holds (a batch send's
-        answer names every message the batch stored)."""
+        answer names every message the batch stored).  ``budget``: the server's, shared by
+        its connections (see :mod:`evq.net.read_budget`); a client's have none."""
         self.id = next(_connection_ids)
         self._credentials = security.credentials if security is not None else None
         self.peer = "?"
@@ -604,6 +616,9 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         self._writing_paused = False
         self._write_waiters: list[asyncio.Future[None]] = []
         self._held = 0  # bytes of the requests running handlers hold
+        self._budget = budget
+        self._partial = 0  # bytes in the decoder as the budget last heard
+        self._budget_paused = False  # not read for want of room in the budget
         # The limits _may_take checks for every frame, read out of the (frozen) config once.
         self._max_in_flight = config.max_in_flight
         self._max_request_bytes = config.max_request_bytes
@@ -808,6 +823,9 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
             self._expiry, self._expiry_at = None, _NEVER
         self.is_closed = True
         self._closed.set_result(None)
+        if self._budget is not None:  # its cancelled handlers give back theirs as they end
+            self._budget.forget(self, self._partial)
+            self._partial = 0
         self._wake_writers()
         for callback in self._close_callbacks:
             try:
@@ -820,7 +838,7 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
 
     def _update_reading(self) -> None:
         transport = self._transport
-        want = self._may_take()
+        want = self._may_take() and not self._budget_paused
         if transport is None or transport.is_closing() or want == self._reading:
             return
         self._reading = want
@@ -829,11 +847,32 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
         else:
             transport.pause_reading()
 
+    def _account(self) -> None:
+        """Tell the budget how many bytes the decoder holds now (a frame begun, grown or
+        taken); past the budget, with bytes held, reading waits for room."""
+        partial = self._decoder.buffered
+        budget = self._budget
+        if budget is None:
+            self._partial = partial
+            return
+        delta, self._partial = partial - self._partial, partial
+        budget.change(delta)
+        if not self._budget_paused and not self.is_closed:
+            self._budget_paused = budget.should_wait(self, partial)
+
+    def budget_resumed(self) -> None:
+        """Room again (see :class:`~evq.net.read_budget.ReadBudget`): whole frames were taken
+        all along, so only reading is to resume."""
+        self._budget_paused = False
+        self._update_reading()
+
     def _spawn(self, handling: Coroutine[Any, Any, None], cmd: RemotingCommand,
                size: int) -> None:
         task = self._loop.create_task(handling, name=REQUEST_TASK_NAME)
         self._tasks.add(task)
         self._held += size
+        if self._budget is not None:
+            self._budget.change(size)
         if cmd.is_oneway:
             self._oneway.add(task)
         task.add_done_callback(functools.partial(self._handled, size))
@@ -879,6 +918,8 @@ class Connection(_ConnectionBase, asyncio.BufferedProtocol):
 
     def _handled(self, size: int, task: asyncio.Task[None]) -> None:
         self._held -= size
+        if self._budget is not None:
+            self._budget.change(-size)
         self._tasks.discard(task)
         self._oneway.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
@@ -922,6 +963,8 @@ class RemotingServer:
         self._listener: SniffingListener | None = None
         self._connections: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.budget = ReadBudget(self.config.max_buffered_bytes)
+        """What its connections hold together, and those waiting for room."""
         self.refusals = Refusals("connections refused: the server is full",
                                  self.config.max_connections, clock)
         """Connections closed on arrival because :attr:`TransportConfig.max_connections`
@@ -1030,7 +1073,7 @@ class RemotingServer:
 
     def _make_connection(self) -> Connection:
         return Connection(self.dispatcher, self.config, self._clock, pause_on_write=True,
-                          max_header=self.config.max_header)
+                          max_header=self.config.max_header, budget=self.budget)
 
     def _track(self, conn: asyncio.BaseProtocol) -> None:
         """Count ``conn`` among the open connections; over TLS it comes here once its

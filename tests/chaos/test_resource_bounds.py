@@ -328,3 +328,39 @@ def test_headers_of_empty_fields_cost_the_loop_the_bound_at_most(tmp_path: Path,
 
     with running_broker_alone(tmp_path / "data") as broker:
         run(scenario(broker))
+
+
+def test_frames_that_never_finish_hold_the_read_budget_at_most(tmp_path: Path,
+                                                               report: Report) -> None:
+    """Sixteen connections each send 15 MiB of a 16 MiB frame and never the rest (240 MiB
+    asked of a broker whose ``maxBufferedBytes`` is 64 MiB): the broker holds about its
+    budget, not what was sent, and a well-behaved client stores and reads back meanwhile."""
+    budget, hogs = 64 * MIB, 16
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"maxBufferedBytes={budget}\n")
+    header = b'{"code":%d,"opaque":1}' % RequestCode.SEND_MESSAGE
+    frame = struct.pack(">ii", 4 + len(header) + 16 * MIB - 64, len(header)) + header
+    unfinished = frame + bytes(15 * MIB)
+
+    async def scenario(broker: Running) -> None:
+        pid, port = broker.proc.pid, port_of(broker.addresses["broker"])
+        async with RemotingClient(HOST, port) as client:
+            baseline = rss(pid)
+            writers = []
+            for _ in range(hogs):
+                _reader, writer = await asyncio.open_connection(HOST, port)
+                writer.write(unfinished)  # what the broker does not read waits here and in TCP
+                writers.append(writer)
+            peak = await watch_rss(pid, baseline, WATCH_S)
+            assert peak < budget + 64 * MIB, f"the broker grew by {peak / MIB:.0f} MiB"
+            kept = await store_kept(client)
+            await read_back(client, kept)
+            for writer in writers:
+                writer.transport.abort()  # close() would wait to send what the broker never reads
+            report(connections=hogs, unfinished_bytes=hogs * len(unfinished),
+                   budget_mib=budget // MIB, rss_growth_mib=round(peak / MIB, 1))
+
+    with running_evq("--log-level", "warning", "broker", "--port", "0", "--data",
+                     str(tmp_path / "data"), "--config", str(conf), servers=1) as broker:
+        run(scenario(broker))
+        assert broker.stop() == 0

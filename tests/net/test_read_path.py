@@ -35,6 +35,7 @@ from evq.net.protocol import (
     RemotingCommand,
     SerializeType,
 )
+from evq.net.read_budget import ReadBudget
 from evq.net.transport import (
     COMPILED_READ_PATH,
     REQUEST_TASK_NAME,
@@ -141,8 +142,14 @@ def handlers(trace: list[object], gate: asyncio.Event) -> dict[int, Any]:
 
 
 def state(conn: Connection) -> tuple[object, ...]:
+    budget = conn._budget
     return ("state", conn.in_flight, conn.held_request_bytes, conn.reading_paused,
-            conn._decoder.buffered, conn.last_active, conn.is_closed)
+            conn._decoder.buffered, conn.last_active, conn.is_closed, conn._budget_paused,
+            None if budget is None else (budget.used, len(budget.waiting), budget.waits))
+
+
+def final_state(trace: list[object]) -> tuple[object, ...]:
+    return [t for t in trace if isinstance(t, tuple) and t[:1] == ("state",)][-1]
 
 
 async def settle() -> None:
@@ -155,13 +162,16 @@ Step = tuple[str, Any]  # ("read", bytes) or ("release" | "pause writing" | "res
 
 
 async def played(kind: type[Connection], steps: list[Step], *, eager: bool,
-                 pause_on_write: bool, config: TransportConfig) -> list[object]:
-    """Everything observable of a connection of ``kind`` through ``steps``."""
+                 pause_on_write: bool, config: TransportConfig,
+                 budget: int | None) -> list[object]:
+    """Everything observable of a connection of ``kind`` through ``steps``, sharing a server's
+    read budget of ``budget`` bytes if one is given."""
     trace: list[object] = []
     gate = asyncio.Event()
     clock = ManualClock()
     conn = kind(Dispatcher(handlers(trace, gate), eager=eager), config, clock,
-                pause_on_write=pause_on_write)
+                pause_on_write=pause_on_write,
+                budget=None if budget is None else ReadBudget(budget))
     conn.connection_made(Recorder(trace))
     asks = [asyncio.create_task(conn.send_request(RemotingCommand.request(ASK), 1000.0))
             for _ in range(PENDING)]
@@ -197,14 +207,14 @@ async def played(kind: type[Connection], steps: list[Step], *, eager: bool,
 
 
 def compared(steps: list[Step], *, eager: bool = True, pause_on_write: bool = True,
-             **limits: int) -> list[object]:
+             budget: int | None = None, **limits: int) -> list[object]:
     """The trace of both read paths through ``steps``, checked equal."""
     config = TransportConfig(**limits)  # type: ignore[arg-type]
 
     def run(kind: type[Connection]) -> list[object]:
         with asyncio.Runner() as runner:
             return runner.run(played(kind, steps, eager=eager, pause_on_write=pause_on_write,
-                                     config=config))
+                                     config=config, budget=budget))
 
     compiled, pure = run(Connection), run(PureConnection)
     assert compiled == pure
@@ -289,6 +299,27 @@ def test_the_held_bytes_limit_reached_and_released() -> None:
     assert trace.count("pause reading") == trace.count("resume reading") >= 1
 
 
+def test_a_frame_begun_past_the_read_budget_waits_for_room() -> None:
+    """A held request and a frame's first bytes take the budget past its bound: reading
+    waits, and resumes once the handler gives its bytes back."""
+    held, big = request(LATER, 1, bytes(150)), request(NOW, 2, bytes(100))
+    limit = len(held) + 10
+    for eager in (True, False):
+        trace = compared([("read", held + big[:50]), ("release", None), ("read", big[50:]),
+                          ("release", None)], budget=limit, eager=eager)
+        pause, resume = trace.index("pause reading"), trace.index("resume reading")
+        assert pause < resume < trace.index(("handler", NOW, 2, 100, not eager))
+        assert final_state(trace)[-1] == (0, 0, 1)  # all given back; it waited once
+
+
+def test_whole_frames_are_read_past_the_budget() -> None:
+    """A connection whose reads end on a frame's end never waits: it holds nothing."""
+    stream = b"".join(request(LATER, opaque, bytes(100)) for opaque in range(1, 4))
+    trace = compared([("read", stream), ("read", request(NOW, 9)), ("release", None)],
+                     budget=10)
+    assert "pause reading" not in trace and ("handler", NOW, 9, 0, False) in trace
+
+
 def test_writing_paused_holds_requests_only_where_the_connection_pauses_on_write() -> None:
     stream = request(NOW, 1) + request(LATER, 2)
     steps: list[Step] = [("pause writing", None), ("read", stream), ("resume writing", None),
@@ -331,12 +362,16 @@ def scenarios(draw: st.DrawFn) -> list[Step]:
 
 @settings(max_examples=150, deadline=None)
 @given(steps=scenarios(), eager=st.booleans(), pause_on_write=st.booleans(),
-       max_in_flight=st.integers(1, 4), max_request_bytes=st.integers(1, 2000))
+       max_in_flight=st.integers(1, 4), max_request_bytes=st.integers(1, 2000),
+       budget=st.none() | st.integers(1, 400))
 def test_both_read_paths_do_the_same_whatever_comes(
         steps: list[Step], eager: bool, pause_on_write: bool, max_in_flight: int,
-        max_request_bytes: int) -> None:
-    compared(steps, eager=eager, pause_on_write=pause_on_write, max_in_flight=max_in_flight,
-             max_request_bytes=max_request_bytes)
+        max_request_bytes: int, budget: int | None) -> None:
+    trace = compared(steps, eager=eager, pause_on_write=pause_on_write,
+                     max_in_flight=max_in_flight, max_request_bytes=max_request_bytes,
+                     budget=budget)
+    if budget is not None:  # every byte given back once the connection is gone
+        assert final_state(trace)[-1][0] == 0  # type: ignore[index]
 
 
 def test_a_handler_may_answer_with_an_awaitable_that_is_not_a_coroutine() -> None:

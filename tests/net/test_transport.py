@@ -21,6 +21,7 @@ from evq.net.codes import RequestCode
 from evq.net.headers.offsets import GetMaxOffsetRequest
 from evq.net.protocol import BINARY_FIXED, MAX_HEADER, RemotingCommand, SerializeType
 from evq.net.transport import (
+    READ_BUFFER,
     REQUEST_TASK_NAME,
     Answer,
     ConnectError,
@@ -400,6 +401,36 @@ async def test_a_header_over_the_limit_is_refused_and_one_at_it_answered() -> No
 
 
 # --- limits -------------------------------------------------------------------------------
+
+
+async def test_frames_begun_past_the_read_budget_wait_while_small_requests_go_on() -> None:
+    """The server's connections together hold at most ``max_buffered_bytes`` (and a read):
+    a connection in the middle of a frame past it stops being read, a client of whole small
+    requests is served meanwhile, and once the idle sweep has closed the one that waited
+    longest (not read, it goes idle), its room lets the others on."""
+    limit = 1024 * 1024
+    clock = ManualClock()
+    async with serving({ECHO: echo}, clock, max_buffered_bytes=limit) as server, \
+            client_of(server) as bystander:
+        header = b'{"code":%d,"opaque":7}' % ECHO
+        big = raw_frame(header, bytes(3 * limit))
+        async with RawPeer.connect(server) as hog, RawPeer.connect(server) as late:
+            hog.writer.write(big[: 2 * limit])  # never finished: the peer waits for room
+            await eventually(lambda: len(server.budget.waiting) == 1)
+            assert limit < server.budget.used <= limit + READ_BUFFER
+            clock.advance(100)
+            assert (await bystander.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+            small = raw_frame(header, b"x" * 20_000)
+            await late.send(small[:10_000])
+            await eventually(lambda: len(server.budget.waiting) == 2)
+            clock.advance(server.config.idle_timeout - 99)
+            assert server.close_idle() == 1  # the hog, idle since it was made to wait
+            await eventually(lambda: not server.budget.waiting)
+            await late.send(small[10_000:])
+            answer = await late.receive()
+            assert answer is not None and (answer.opaque, answer.body) == (7, b"x" * 20_000)
+        await eventually(lambda: server.budget.used == 0)
+        assert server.budget.waits == 2
 
 
 async def test_a_connection_past_the_limit_is_closed_on_arrival() -> None:

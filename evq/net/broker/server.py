@@ -121,7 +121,9 @@ class BrokerServer:
         own account's signature and TLS, each when configured."""
         self.server = RemotingServer(
             settings.net.host, settings.net.listen_port, self._dispatcher,
-            config=transport or TransportConfig(max_connections=settings.net.max_connections),
+            config=transport or TransportConfig(
+                max_connections=settings.net.max_connections,
+                max_buffered_bytes=settings.net.max_buffered_bytes),
             clock=clock, tls=self._server_tls)
         self.ctx: BrokerContext | None = None
         self.registrar: BrokerRegistrar | None = None
