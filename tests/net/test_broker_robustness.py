@@ -525,6 +525,10 @@ async def test_a_broker_at_max_connections_closes_one_more_on_arrival(tmp_path: 
             writer.close()
             assert b.server.refusals.count == 1
             await call(clients[0], RequestCode.SEND_MESSAGE, send_fields(0, {}), b"after")
+            info = await call(clients[0], RequestCode.GET_BROKER_RUNTIME_INFO, {})
+            table = json.loads(info.body)["table"]
+            assert (table["evqConnectionsRefused"], table["evqReadBudgetUsed"],
+                    table["evqReadBudgetWaits"]) == ("1", "0", "0")
         finally:
             for c in clients:
                 await c.close()

@@ -196,6 +196,11 @@ def handlers(ctx: BrokerContext) -> dict[int, Handler]:
             "evqSendLaneTaken": 0 if ctx.send_lane is None else ctx.send_lane.taken,
             "evqSendLaneHandedOver": 0 if ctx.send_lane is None else ctx.send_lane.handed_over,
             "evqTransactionCheckPasses": ctx.engine.transactions.check_passes,
+            # Connections closed on arrival at maxConnections; the read budget's bytes held
+            # now and the times a connection waited for room (evq.net.read_budget).
+            "evqConnectionsRefused": 0 if ctx.refusals is None else ctx.refusals.count,
+            "evqReadBudgetUsed": 0 if ctx.read_budget is None else ctx.read_budget.used,
+            "evqReadBudgetWaits": 0 if ctx.read_budget is None else ctx.read_budget.waits,
             "commitLogDirCapacity": capacity(disk.path),
             **ctx.stats.runtime_fields(core.clock.now_ms()),
         }

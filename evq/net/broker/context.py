@@ -21,6 +21,8 @@ from evq.net.durable import DurableWaker
 from evq.net.long_polling import PullHolds
 from evq.net.loop_lag import LoopLag
 from evq.net.protocol import RemotingCommand
+from evq.net.read_budget import ReadBudget
+from evq.net.refusals import Refusals
 from evq.net.transport import Connection, Reply
 
 _T = TypeVar("_T")
@@ -59,6 +61,9 @@ class BrokerContext:
     puts: execution.InTurn = attrs.field(factory=execution.InTurn)
     # The compiled send lane answering single sends, where it is built (evq.net.broker.send).
     send_lane: LaneHandler | None = None
+    # The remoting server's connections turned away at its bound, and its read budget.
+    refusals: Refusals | None = None
+    read_budget: ReadBudget | None = None
 
     @property
     def core(self) -> Broker:

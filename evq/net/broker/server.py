@@ -174,7 +174,8 @@ class BrokerServer:
         durable = (DurableWaker(loop, engine.core.log, store_config.sync_flush_timeout_ms / 1000)
                    if store_config.flush is FlushMode.SYNC_FLUSH else None)
         ctx = BrokerContext(engine, GroupMembership(clock=self._clock), holds, loop,
-                            durable=durable, stats=BrokerStats(boot_ms=self._clock.now_ms()))
+                            durable=durable, stats=BrokerStats(boot_ms=self._clock.now_ms()),
+                            refusals=self.server.refusals, read_budget=self.server.budget)
         engine.transactions.port = CheckBack(ctx)
         refusals = RefusalLog("acl_refused")
         for module in PROCESSOR_MODULES:
