@@ -54,9 +54,10 @@ class NetSettings:
     secret_key: str = attrs.field(default="", repr=False)
     acl_enable: bool = False  # RocketMQ's aclEnable: check every request against acl_file
     acl_file: str = ""  # plain_acl.yml; default <store_path_root_dir>/conf/plain_acl.yml
-    max_connections: int = 10_000
+    max_connections: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
     """evq's: client connections the broker holds at once (``TransportConfig``'s bound)."""
-    max_buffered_bytes: int = 1024 * 1024 * 1024
+    max_buffered_bytes: int = attrs.field(default=1024 * 1024 * 1024,
+                                          validator=attrs.validators.ge(1))
     """evq's: bytes of requests the broker holds for all its clients together."""
 
     @property
@@ -252,7 +253,10 @@ def build(values: Mapping[str, object]) -> Settings:
             for other, cls in _TARGETS.items():
                 if any(f.name == name for f in attrs.fields(cls)):
                     per_target[other][name] = value
-    net = NetSettings(**per_target["net"])  # type: ignore[arg-type]
+    try:
+        net = NetSettings(**per_target["net"])  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     if net.listen_port and net.ha_listen_port == net.listen_port:
         # The remoting port is bound before it listens, and a second server may then bind it
         # too: slaves' and clients' connections would be dealt between the two at random.

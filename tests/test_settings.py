@@ -56,6 +56,8 @@ def test_later_sources_win(tmp_path: Path) -> None:
     ({"brokerRole": "BOSS"}, "broker_role"),
     ({"autoCreateTopicEnable": "maybe"}, "auto_create_topic_enable"),
     ({"brokerRole": "SLAVE"}, "brokerId greater than 0"),
+    ({"maxConnections": "0"}, "'max_connections' must be >= 1"),
+    ({"maxBufferedBytes": "-1"}, "'max_buffered_bytes' must be >= 1"),
 ])
 def test_bad_settings_name_the_problem(raw: dict[str, object], message: str) -> None:
     with pytest.raises(SettingsError, match=message):

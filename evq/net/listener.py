@@ -154,12 +154,14 @@ class SniffingListener:
     async def _hand_over(self, sock: socket.socket, decision: Route) -> asyncio.BaseProtocol:
         loop = asyncio.get_running_loop()
         if decision is Route.TLS:
-            _transport, protocol = await loop.connect_accepted_socket(
+            transport, _ = await loop.connect_accepted_socket(
                 self._factory, sock, ssl=self._tls.context,
                 ssl_handshake_timeout=self._tls.handshake_timeout)
         else:
-            _transport, protocol = await loop.connect_accepted_socket(self._factory, sock)
-        return protocol
+            transport, _ = await loop.connect_accepted_socket(self._factory, sock)
+        # The factory's protocol: uvloop returns its own SSL protocol in the pair, asyncio the
+        # factory's; the transport names the factory's under both.
+        return transport.get_protocol()
 
 
 async def _peek(sock: socket.socket) -> bytes:

@@ -980,7 +980,7 @@ class RemotingServer:
         rather than accepted and answered with a code a client gives up on."""
         if self.tls is not None:
             self._listener = SniffingListener(self.host, self.port, self.tls,
-                                              self._make_connection, self._track)
+                                              self._open, self._track)
             await self._listener.bind()
             self.port = self._listener.port
         else:
@@ -1065,25 +1065,27 @@ class RemotingServer:
         await self.shutdown()
 
     def _new_connection(self) -> asyncio.BaseProtocol:
-        if self._full():
-            return _Refused()
-        conn = self._make_connection()
+        """A clear-text port's protocol for an accepted socket, counted at once."""
+        conn = self._open()
         self._track(conn)
         return conn
+
+    def _open(self) -> asyncio.BaseProtocol:
+        """The protocol for an accepted socket: a connection, or past ``max_connections`` one
+        that closes it before a byte is read.  Over TLS this is asked before the handshake and
+        the connection counted after it, so handshakes under way (``max_handshakes`` at most)
+        may take the count past the bound by as many."""
+        return _Refused() if self._full() else self._make_connection()
 
     def _make_connection(self) -> Connection:
         return Connection(self.dispatcher, self.config, self._clock, pause_on_write=True,
                           max_header=self.config.max_header, budget=self.budget)
 
     def _track(self, conn: asyncio.BaseProtocol) -> None:
-        """Count ``conn`` among the open connections; over TLS it comes here once its
-        handshake is done, and is closed at once if the server is full by then."""
-        assert isinstance(conn, Connection)
-        if conn not in self._connections and self._full():
-            conn.close()
-            return
-        self._connections.add(conn)
-        conn.add_close_callback(self._connections.discard)
+        """Count an open connection (over TLS, once its handshake is done) until it closes."""
+        if isinstance(conn, Connection):
+            self._connections.add(conn)
+            conn.add_close_callback(self._connections.discard)
 
     def _full(self) -> bool:
         """Whether ``max_connections`` are open, counting one more refusal if so."""

@@ -33,6 +33,7 @@ from evq.net.transport import (
     Dispatcher,
     RemotingClient,
     RemotingServer,
+    TransportConfig,
     TransportError,
 )
 from tests.net.certs import Pki, make_pki
@@ -53,8 +54,9 @@ def server_tls(pki: Pki, mode: TlsMode, *, client_auth: ClientAuth = ClientAuth.
 
 
 @contextlib.asynccontextmanager
-async def tls_serving(tls: ServerTls | None) -> AsyncIterator[RemotingServer]:
-    server = RemotingServer(HOST, 0, Dispatcher({ECHO: echo}), clock=ManualClock(), tls=tls)
+async def tls_serving(tls: ServerTls | None, **config: int) -> AsyncIterator[RemotingServer]:
+    server = RemotingServer(HOST, 0, Dispatcher({ECHO: echo}), clock=ManualClock(), tls=tls,
+                            config=TransportConfig(**config))
     await server.start()
     try:
         yield server
@@ -82,6 +84,19 @@ async def test_enforcing_takes_tls_and_closes_clear_text(pki: Pki) -> None:
         with pytest.raises(ConnectionClosed):
             await echo_over(server, None)
         await eventually(lambda: not server.connections)
+
+
+async def test_tls_connections_are_counted_and_one_past_max_connections_closed(
+        pki: Pki) -> None:
+    async with tls_serving(server_tls(pki, TlsMode.ENFORCING), max_connections=1) as server, \
+            RemotingClient(HOST, server.port, security=ClientSecurity(tls=trusting(pki))
+                           ) as first:
+        assert (await first.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
+        assert len(server.connections) == 1  # counted once its handshake was done
+        with pytest.raises(ConnectionClosed):
+            await echo_over(server, trusting(pki))
+        assert server.refusals.count == 1
+        assert (await first.invoke(RemotingCommand.request(ECHO), TIMEOUT)).code == 0
 
 
 async def test_permissive_takes_both_on_one_port(pki: Pki) -> None:
