@@ -15,6 +15,7 @@ wherever a C compiler exists, and runs the store tests once more on the pure pat
 from __future__ import annotations
 
 import mmap
+import struct
 import subprocess
 import sys
 import time
@@ -494,6 +495,106 @@ def test_put_entries_matches_on_any_hashes(
                           [((hash_over,), 1)], 0, 1, 0, entries, 7)
             got.append((first, written, bad))
     assert got[0] == got[1]
+
+
+diffs = st.sampled_from([0, 1, -1, 2**31 - 1, -(2**31)]) | st.integers(-(2**31), 2**31 - 1)
+chain_hashes = st.sampled_from([7, 7, 0, 2**31 - 1, -(2**31)])
+
+
+@attrs.frozen
+class Chains:
+    """An index file's entries past a head of ``base`` bytes, as puts leave them (each links
+    to an earlier one) or damaged (a link forwards, to itself, or past the file), and a query
+    of them: the slot's value, the count, the times."""
+
+    image: bytes
+    base: int
+    count: int
+    slot_value: int
+    begin_ts: int
+    diffs: list[int]  # the entries' times: a few, so that queries can meet them
+
+
+@st.composite
+def index_chains(draw: st.DrawFn) -> Chains:
+    base = draw(st.integers(0, 64))
+    n = draw(st.integers(1, 24))
+    damaged = draw(st.booleans())
+    times = draw(st.lists(diffs, min_size=1, max_size=3))
+    entries = b"".join(index_file.ENTRY.pack(
+        draw(chain_hashes), draw(st.integers(-(2**63), 2**63 - 1)), draw(st.sampled_from(times)),
+        draw(st.integers(0, i - 1) if i and not (damaged and draw(st.booleans()))
+             else st.integers(-(2**31), 2**31 - 1) | st.integers(-2, n + 2)))
+        for i in range(n))
+    count = draw(st.integers(1, n) | st.integers(1, n + 3))
+    slot_value = draw(st.integers(0, n - 1) | st.integers(-(2**31), 2**31 - 1)
+                      | st.integers(-2, n + 2))
+    begin_ts = draw(st.just(1_700_000_000_000) | st.integers(-(2**63), 2**63 - 1))
+    return Chains(bytes(base) + entries, base, count, slot_value, begin_ts, times)
+
+
+@st.composite
+def query_times(draw: st.DrawFn, chains: Chains) -> int:
+    """A query's bound: anywhere, past 64 bits, or at an entry's coarse time (``begin_ts``
+    and whole seconds) give or take a millisecond, where the range's ends must hold."""
+    return draw(st.one_of(
+        st.builds(lambda d, k, e: chains.begin_ts + d * 1000 + k * 1000 + e,
+                  st.sampled_from(chains.diffs),
+                  st.sampled_from([0, 1]), st.integers(-1, 1)),
+        st.integers(-(2**63), 2**63 - 1), st.integers(-(2**80), 2**80)))
+
+
+@needs_compiled
+@settings(max_examples=400, deadline=None)
+@given(chains=index_chains(), max_entries=st.integers(0, 4) | st.integers(0, 30), h=chain_hashes,
+       limit=st.integers(-2, 30) | st.integers(-(2**80), 2**80), data=st.data())
+def test_chain_offsets_matches_on_any_chain(
+    chains: Chains, max_entries: int, h: int, limit: int, data: st.DataObject,
+) -> None:
+    """Both walks of an index chain find the same offsets, or raise alike, on any entries and
+    any query: whole chains, ones that end in damage, heads past the count, times at an
+    entry's bounds and past 64 bits, limits past 64 bits."""
+    begin_ms, end_ms = (data.draw(query_times(chains)) for _ in range(2))
+    args = (chains.image, chains.base, chains.count, max_entries, chains.slot_value, h,
+            chains.begin_ts, begin_ms, end_ms, limit)
+    found = outcome(PURE.chain_offsets, *args)
+    event("raised" if found[0] == "raised" else f"{min(len(found[1]), 2)} offsets")
+    assert found == outcome(COMPILED.chain_offsets, *args)
+
+
+def test_a_chain_walk_keeps_to_its_range_its_limit_and_the_file_size() -> None:
+    """An entry stored at the range's either end is found, one a millisecond outside is not
+    (its coarse time: the file's start and whole seconds; ``begin_ms`` is a second early, as
+    the index keeps seconds), and a walk stops after ``max_entries`` entries or ``limit``
+    found."""
+    begin_ts = 1_700_000_000_123
+    # entry i: hash 7, offset 100 i, i seconds after the file's start, linked to i - 1
+    image = bytes(40) + b"".join(
+        index_file.ENTRY.pack(7, 100 * i, i, i - 1) for i in range(6))
+    at_2 = begin_ts + 2_000
+    for twins in (PURE, COMPILED or PURE):
+        def walk(begin_ms: int, end_ms: int, limit: int = 10, most: int = 10,
+                 twins: StoreKernels = twins) -> list[int]:
+            return twins.chain_offsets(image, 40, 6, most, 5, 7, begin_ts, begin_ms,
+                                         end_ms, limit)
+        assert walk(at_2 + 1000, at_2) == [200]
+        assert walk(at_2 + 1001, at_2) == [] and walk(at_2 + 1000, at_2 - 1) == []
+        assert walk(0, 2**62) == [500, 400, 300, 200, 100]
+        assert walk(0, 2**62, limit=2) == [500, 400]
+        assert walk(0, 2**62, most=2) == [500, 400]
+        with pytest.raises(struct.error):
+            twins.chain_offsets(image[:-1], 40, 6, 10, 5, 7, begin_ts, 0, 2**62, 10)
+
+
+def test_a_lookup_ends_on_a_slot_whose_uncounted_chain_loops() -> None:
+    """A power cut can keep a slot page newer than the header, naming entries past the count;
+    damage there that links an entry to itself once made a lookup loop forever."""
+    for twins in (PURE, COMPILED or PURE):
+        image = bytes(40) + b"".join(
+            index_file.ENTRY.pack(7, 100 * i, 0, prev) for i, prev in enumerate([0, 0, 2, 2]))
+        assert twins.chain_offsets(image, 40, 2, 10, 3, 7, 0, 0, 10**13, 5) == []
+        assert twins.chain_offsets(image, 40, 2, 10, 1, 7, 0, 0, 10**13, 5) == [100]
+        assert index_file.counted_head(image, 40, 3, 2) == 0  # type: ignore[arg-type]
 
 
 # --- the append's ends: the index put, the result, a failing subscriber ----------------------

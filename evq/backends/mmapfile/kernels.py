@@ -26,7 +26,8 @@ from evq.domain.log import Dispatched, GetStatus, LogClosed, ReadResult
 @attrs.frozen(slots=True)
 class StoreKernels:
     """One implementation of the store's loops (see :mod:`evq.backends.mmapfile.append_loop`
-    and :func:`evq.backends.mmapfile.index_file.put_entries` for what each does)."""
+    and :func:`evq.backends.mmapfile.index_file.put_entries` and ``chain_offsets`` for what each
+    does)."""
 
     append_records: Callable[[append_loop.AppendRun, int], int]
     put_entries: index_file.PutEntries
@@ -39,6 +40,7 @@ class StoreKernels:
     read_queue: Callable[..., ReadResult] | None = None
     """The twin of :meth:`MmapMessageLog._read_queue` (the store, the queue, the pull's
     arguments), installed the same way; None: the method itself."""
+    chain_offsets: index_file.ChainOffsets = index_file.chain_offsets
 
 
 PURE = StoreKernels(append_loop.append_records, index_file.put_entries, append_loop.AppendRun)
@@ -69,7 +71,8 @@ def _compiled() -> StoreKernels | None:
         scan_limit=rules.SCAN_LIMIT, blank_entry_size=rules.BLANK_ENTRY_SIZE,
     )
     return StoreKernels(store_kernels.append_records, store_kernels.put_entries,
-                        store_kernels.AppendRun, store_kernels.append, store_kernels.read_queue)
+                        store_kernels.AppendRun, store_kernels.append, store_kernels.read_queue,
+                        store_kernels.chain_offsets)
 
 
 COMPILED = _compiled()

@@ -132,7 +132,8 @@ class MmapMessageLog(StoreShell):
         self._log = MappedFileQueue(root / "commitlog", config.commitlog_segment_size,
                                     self._allocator, pool=self._pool)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
-                                   self._allocator, self.kernels.put_entries, self._put_lock)
+                                   self._allocator, self.kernels.put_entries, self._put_lock,
+                                   self.kernels.chain_offsets)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
         self._checkpoint_lock = threading.Lock()  # the projection rounds' and truncations'

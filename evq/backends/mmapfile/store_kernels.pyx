@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled twins of the store's hot paths: ``append_records`` of
 evq.backends.mmapfile.append_loop and ``put_entries`` of evq.backends.mmapfile.index_file (the
-loops), and ``append`` (:meth:`MmapMessageLog.append`), ``index_put``
+loops), ``chain_offsets`` (the key lookup's walk of an index chain), and ``append``
+(:meth:`MmapMessageLog.append`), ``index_put``
 (:meth:`IndexService.put`) and ``single`` (:meth:`AppendedBatch.single`), the steps a single
 send runs around them: those were about 460 of the 820 bytecodes the broker ran for one, in
 a dozen small Python frames (issue 18); and ``read_queue`` (:meth:`MmapMessageLog._read_queue`),
@@ -669,6 +670,58 @@ def index_put(object service, list items, object store_ts) -> None:
     done = file_put(f, items, store_ts)
     if done < len(items) or f.count >= service._spare_at:
         service.put_rest(f, items, done, store_ts)
+
+
+# --- the key lookup ----------------------------------------------------------------------------
+
+cdef int64_t TIME_BOUND = 1 << 62  # past any entry's whole seconds in ms (at most 2^41)
+
+
+def chain_offsets(object mm, Py_ssize_t base, int64_t count, int64_t max_entries,
+                  int64_t slot_value, int64_t h, object begin_ts, object begin_ms,
+                  object end_ms, object limit) -> list:
+    """The twin of :func:`evq.backends.mmapfile.index_file.chain_offsets` (``count`` at least
+    1, as a file's is).  The store times are compared as offsets from ``begin_ts``, which
+    Python's ints give exactly whatever the three times are: an entry's is within 2^41 ms of
+    it, so bounds clamped to 2^62 compare as the reference's do.  It holds the GIL
+    throughout, as the reference's reads do: no other thread closes the mapping meanwhile."""
+    cdef Py_buffer view
+    cdef const uint8_t* p
+    cdef int64_t i = slot_value, prev, seen = 0, at, t
+    cdef int64_t lo = max(-TIME_BOUND, min(begin_ms - 1000 - begin_ts, TIME_BOUND))
+    cdef int64_t hi = max(-TIME_BOUND, min(end_ms - begin_ts, TIME_BOUND))
+    cdef int64_t most = max(-1, min(limit, TIME_BOUND))
+    cdef list out = []
+    PyObject_GetBuffer(mm, &view, 0)
+    try:
+        p = <const uint8_t*>view.buf
+        while i >= count:  # counted_head
+            at = entry_at(base, i, view.len)
+            prev = get32(p + at + 16)
+            if prev >= i:
+                return out
+            i = prev
+        while 0 < i < count and len(out) < most and seen < max_entries:
+            at = entry_at(base, i, view.len)
+            t = <int64_t>get32(p + at + 12) * 1000
+            if get32(p + at) == h and lo <= t <= hi:
+                out.append(get64(p + at + 4))
+            prev = get32(p + at + 16)
+            if prev >= i:
+                break
+            i = prev
+            seen += 1
+        return out
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef inline int64_t entry_at(Py_ssize_t base, int64_t i, Py_ssize_t size) except -1:
+    """Where entry ``i`` sits in a mapping of ``size`` bytes; struct's error past its end."""
+    cdef int64_t at = base + i * INDEX_ENTRY_SIZE
+    if at < 0 or at + INDEX_ENTRY_SIZE > size:
+        raise struct_error(f"an index entry at {at} past a mapping of {size} bytes")
+    return at
 
 
 # --- the pull ----------------------------------------------------------------------------------
