@@ -188,7 +188,15 @@ def _add_bench_store(bench: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--scale", type=_message_counts, default=None, metavar="N,N,...",
                    help="instead of the phases above: per-message cost of append, read and "
                         "lookups in a store of each of these many messages (e.g. "
-                        "100000,1000000,10000000; flat is the goal)")
+                        "100000,1000000,10000000; flat is the goal). Every store is filled "
+                        "first, its appends timed, and all stay on disk together; then "
+                        "--rounds rounds read and look up every store in turn, and the read "
+                        "side reports the median over the rounds and the median of each "
+                        "round's ratio to the smallest size, so the machine's drift between "
+                        "minutes does not pass for a store's growth")
+    p.add_argument("--rounds", type=_positive_int, default=5, metavar="N",
+                   help="with --scale: rounds of reads and lookups over every store "
+                        "(default: 5)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead of the table (no progress bars)")
     p.set_defaults(handler=_cmd_bench_store, log_level_default="warning")
@@ -266,15 +274,15 @@ def _bench_store_scale(args: argparse.Namespace) -> int:
     try:
         opts = scale.ScaleOptions(backend=args.backend, sizes=args.scale, size=args.size,
                                   batch=args.batch, lookups=args.lookups,
-                                  segment_size=args.segment_size, data=args.data,
-                                  progress=not args.json and sys.stderr.isatty())
+                                  rounds=args.rounds, segment_size=args.segment_size,
+                                  data=args.data, progress=not args.json and sys.stderr.isatty())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    points = scale.run_scale(opts)
+    result = scale.run_scale(opts)
     if args.json:
-        print(json.dumps(scale.as_dict(opts, points)))
+        print(json.dumps(scale.as_dict(opts, result)))
     else:
-        print(scale.format_report(opts, points), end="")
+        print(scale.format_report(opts, result), end="")
     return 0
 
 

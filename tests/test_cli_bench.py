@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 FIGURES = (
     "append_msgs_per_s",
@@ -222,23 +225,61 @@ def test_bench_recovery_times_a_crash_per_size(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the scratch stores are gone
 
 
+SCALE_READ_FIGURES = ("read_us", "key_lookup_us", "time_lookup_us")
+
+
 def test_bench_store_scale_reports_each_figure_by_size(tmp_path: Path) -> None:
-    proc = _evq("bench", "store", "--scale", "400,2000", "--lookups", "100", "--size", "64",
-                "--segment-size", "1048576", "--data", str(tmp_path), "--json")
+    proc = _evq("bench", "store", "--scale", "2000,400", "--lookups", "100", "--size", "64",
+                "--rounds", "2", "--segment-size", "1048576", "--data", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert [p["messages"] for p in result["points"]] == [400, 2000]
+    sizes = [p["messages"] for p in result["points"]]
+    assert sizes == [400, 2000]
     for point in result["points"]:
         assert point["key_misses"] == 0
         assert point["key_lookup_faults"] >= 0 and point["time_lookup_faults"] >= 0
-        for figure in ("append_us", "read_us", "key_lookup_us", "time_lookup_us"):
+        for figure in ("append_us", *SCALE_READ_FIGURES):
             _positive(figure, point[figure])
-    for figure, values in result["ratios"].items():
-        assert values[0] == 1.0 and values[1] == (
-            result["points"][1][figure] / result["points"][0][figure]), figure
+    points = result["points"]
+    assert result["ratios"]["append_us"] == [1.0, points[1]["append_us"] / points[0]["append_us"]]
+    rounds = result["rounds"]
+    assert len(rounds) == 2 and all(sorted(r) == ["2000", "400"] for r in rounds)
+    for figure in SCALE_READ_FIGURES:
+        per_round = [[r[str(n)][figure] for n in sizes] for r in rounds]
+        for k, point in enumerate(points):  # each figure the median of the rounds'
+            assert point[figure] == pytest.approx(statistics.median(f[k] for f in per_round))
+        # each ratio the median of the rounds' own ratios, within their lowest-highest
+        round_ratios = [f[1] / f[0] for f in per_round]
+        ratio = result["ratios"][figure]
+        assert ratio[0] == 1.0
+        assert ratio[1] == pytest.approx(statistics.median(round_ratios)), figure
+        low, high = result["ratio_ranges"][figure][1]
+        assert (low, high) == pytest.approx((min(round_ratios), max(round_ratios)))
+        assert low <= ratio[1] <= high
+        assert result["ratio_ranges"][figure][0] == [1.0, 1.0]
     assert list(tmp_path.iterdir()) == []
     bad = _evq("bench", "store", "--scale", "10,x")
     assert bad.returncode == 2 and "not a list like 100000,1000000" in bad.stderr
+    none = _evq("bench", "store", "--scale", "10,20", "--rounds", "0")
+    assert none.returncode == 2 and none.stdout == ""
+    assert "argument --rounds: must be at least 1, got 0" in none.stderr
+
+
+def test_bench_store_scale_refuses_stores_the_disk_cannot_hold(tmp_path: Path) -> None:
+    """All the stores are kept until the end: a run they would not fit on stops before it
+    fills any, naming what it needs and what is free."""
+    proc = _evq("bench", "store", "--scale", "1000000000,1000000000000", "--size", "1000000",
+                "--data", str(tmp_path), timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    needed = re.search(r"need about ([\d,]+) bytes of disk at once", err)
+    free = re.search(rf"; {re.escape(str(tmp_path))} has ([\d,]+) bytes free", err)
+    assert needed and free, err
+    assert int(needed[1].replace(",", "")) > int(free[1].replace(",", "")) > 0
+    assert ("2 stores of 1,000,000,000, 1,000,000,000,000 messages with 1,000,000-byte bodies "
+            "need about") in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_embedded_json_has_each_rate_and_ratio(tmp_path: Path) -> None:
