@@ -416,14 +416,14 @@ class IndexFile:
                 self.end_phys = items[done - 1][1]
         return done
 
-    def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int,
+    def lookup(self, h: int, begin_ms: int, end_ms: int, limit: int,
                chain_offsets: ChainOffsets = chain_offsets) -> list[int]:
-        """Log offsets under ``topic#key`` whose coarse (whole-second) store time may lie in
-        the range, newest first; the caller checks the records themselves.
-        ``chain_offsets``: :func:`chain_offsets` or its compiled twin."""
+        """Log offsets under the key of hash ``h`` (:func:`index_key_hash` of ``topic#key``)
+        whose coarse (whole-second) store time may lie in the range, newest first; the caller
+        checks the records themselves.  ``chain_offsets``: :func:`chain_offsets` or its
+        compiled twin."""
         if self.count <= 1 or self.end_ts < begin_ms - 1000 or self.begin_ts > end_ms + 1000:
             return []
-        h = index_key_hash(topic, key)
         return chain_offsets(self.file.mm, self.base, self.count, self.max_entries,
                              self.slot[h % self.slots], h, self.begin_ts, begin_ms, end_ms, limit)
 
@@ -691,9 +691,9 @@ class IndexService:
 
     def lookup(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> list[int]:
         out: list[int] = []
+        h = index_key_hash(topic, key)  # once: a store of 10^8 messages has ten files
         for f in reversed(self.files):
-            out += f.lookup(topic, key, begin_ms, end_ms, limit - len(out),
-                            self._chain_offsets)
+            out += f.lookup(h, begin_ms, end_ms, limit - len(out), self._chain_offsets)
             if len(out) >= limit:
                 break
         return out
