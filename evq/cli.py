@@ -114,7 +114,9 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "deletion then need an admin account's signature (lookups stay "
                         "open); the file is re-read when it changes")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="RocketMQ tls.* settings (tls.server.mode=..., as in tls.properties)")
+                   help="RocketMQ tls.* settings (tls.server.mode=..., as in tls.properties) "
+                        "and the tables' bounds (maxBrokerAddresses, maxTopicQueues, "
+                        "maxKvEntries, maxKvBytes; or EVQ_MAX_BROKER_ADDRESSES ...)")
     _tls_server_flags(p)
     p.set_defaults(handler=_cmd_namesrv)
 
@@ -122,16 +124,19 @@ def _add_namesrv(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _cmd_namesrv(args: argparse.Namespace) -> int:
     from evq.net.namesrv import NameServer
     from evq.net.transport import run_until_signal
-    from evq.settings import SettingsError, load_tls
+    from evq.settings import SettingsError, load_namesrv
 
     try:
-        tls = load_tls(config_file=args.config,
-                       flags={name: getattr(args, name) for name in _TLS_SERVER_FLAGS}).server()
+        settings = load_namesrv(
+            config_file=args.config,
+            flags={name: getattr(args, name) for name in _TLS_SERVER_FLAGS})
+        tls = settings.tls.server()
     except SettingsError as exc:
         raise UsageError(str(exc)) from None
 
     async def serve(stop: asyncio.Event) -> int:
-        server = NameServer(args.host, args.port, acl_file=args.acl_file, tls=tls)
+        server = NameServer(args.host, args.port, acl_file=args.acl_file, tls=tls,
+                            limits=settings.limits)
         try:
             await server.start()
         except OSError as exc:
@@ -786,7 +791,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     async def serve(stop: asyncio.Event) -> int:
         # With ACL on, the name server guards its writes with the broker's own account file.
         namesrv = NameServer(host, args.namesrv_port,
-                             acl_file=acl.acl_path if acl.acl_enable else None, tls=namesrv_tls)
+                             acl_file=acl.acl_path if acl.acl_enable else None, tls=namesrv_tls,
+                             limits=early.namesrv_limits)
         try:
             await namesrv.start()
         except OSError as exc:

@@ -1,4 +1,5 @@
-"""Broker settings from a config file, ``EVQ_*`` environment variables and flags.
+"""Broker and name server settings from a config file, ``EVQ_*`` environment variables and
+flags.
 
 Later sources win: defaults < config file < environment < command-line flags.  A setting has
 one evq name (snake_case, e.g. ``broker_name``) and is also accepted under RocketMQ's
@@ -25,6 +26,7 @@ from evq.backends.registry import DEFAULT_BACKEND
 from evq.domain.broker_config import BrokerConfig, BrokerRole
 from evq.domain.config_json import camel
 from evq.net import tls
+from evq.net.routes import RouteLimits
 from evq.net.tls import TlsSettings
 
 ENV_PREFIX = "EVQ_"
@@ -87,6 +89,17 @@ class Settings:
     broker: BrokerConfig
     store: StoreConfig
     tls: TlsSettings = attrs.field(factory=TlsSettings)
+    namesrv_limits: RouteLimits = attrs.field(factory=RouteLimits)
+    """The bounds of ``evq serve``'s name server; ``evq broker`` reads them too, and runs
+    none to apply them to."""
+
+
+@attrs.frozen(slots=True)
+class NamesrvSettings:
+    """What ``evq namesrv`` reads: its table bounds and its ``tls.*``."""
+
+    limits: RouteLimits
+    tls: TlsSettings
 
 
 # RocketMQ broker.conf names that are not the camelCase of ours.
@@ -114,7 +127,7 @@ ALIASES = {
     "haMasterAddress": "master_ha_addr",
 } | tls.ALIASES
 _TARGETS: dict[str, type] = {"net": NetSettings, "broker": BrokerConfig, "store": StoreConfig,
-                             "tls": TlsSettings}
+                             "tls": TlsSettings, "namesrv": RouteLimits}
 # Settings both the broker and the store read; one value feeds both.
 _SHARED = {"file_reserved_hours", "sync_flush_timeout_ms"}
 
@@ -202,15 +215,20 @@ def load(
     return build(_collect(config_file, env, flags, targets=set(_TARGETS)))
 
 
-def load_tls(
+def load_namesrv(
     *, config_file: Path | None = None, env: Mapping[str, str] | None = None,
     flags: Mapping[str, object] | None = None,
-) -> TlsSettings:
-    """The ``tls.*`` settings alone, for a name server: its config file may hold nothing
-    else, and the broker's ``EVQ_*`` variables in its environment are not its business."""
-    values = _collect(config_file, env, flags, targets={"tls"})
+) -> NamesrvSettings:
+    """The name server's settings alone, its ``tls.*`` and its bounds (``maxBrokerAddresses``
+    ...): its config file may hold nothing else, and the broker's ``EVQ_*`` variables in its
+    environment are not its business."""
+    values = _collect(config_file, env, flags, targets={"tls", "namesrv"})
+    per_target: dict[str, dict[str, Any]] = {"tls": {}, "namesrv": {}}
+    for name, value in values.items():
+        per_target[FIELDS[name][0]][name] = value
     try:
-        return TlsSettings(**values)  # type: ignore[arg-type]
+        return NamesrvSettings(RouteLimits(**per_target["namesrv"]),
+                               TlsSettings(**per_target["tls"]))
     except (TypeError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
 
@@ -267,6 +285,7 @@ def build(values: Mapping[str, object]) -> Settings:
                             "account), or neither")
     try:
         tls_settings = TlsSettings(**per_target["tls"])  # type: ignore[arg-type]
+        namesrv_limits = RouteLimits(**per_target["namesrv"])  # type: ignore[arg-type]
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     broker_values = {"store_host": (net.host, net.listen_port)} | per_target["broker"]
@@ -284,6 +303,6 @@ def build(values: Mapping[str, object]) -> Settings:
     if why:  # RocketMQ runs such a config without the pool; so do we, saying so
         log.warning("transient_store_pool_ignored", reason=why)
         store = attrs.evolve(store, transient_store_pool_enable=False)
-    return Settings(net, broker, store, tls_settings)
+    return Settings(net, broker, store, tls_settings, namesrv_limits)
 
 

@@ -105,19 +105,34 @@ def test_tls_settings_take_rocketmq_keys_environment_and_flags(tmp_path: Path) -
     assert load(env={}).tls.server() is None and load(env={}).tls.client() is None
 
 
-def test_a_name_server_takes_only_tls_settings(tmp_path: Path) -> None:
+def test_a_name_server_takes_only_its_own_settings(tmp_path: Path) -> None:
+    from evq.net.routes import RouteLimits
     from evq.net.tls import TlsMode
-    from evq.settings import load_tls
+    from evq.settings import load_namesrv
 
-    conf = tmp_path / "tls.properties"
-    conf.write_text("tls.server.mode=enforcing\ntls.server.certPath=/c\ntls.server.keyPath=/k\n")
-    tls = load_tls(config_file=conf, env={"EVQ_BROKER_NAME": "not the name server's"})
-    assert tls.tls_server_mode is TlsMode.ENFORCING
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text("tls.server.mode=enforcing\ntls.server.certPath=/c\ntls.server.keyPath=/k\n"
+                    "maxBrokerAddresses=64\nmaxKvBytes=1024\n")
+    settings = load_namesrv(config_file=conf, env={"EVQ_BROKER_NAME": "not the name server's",
+                                                   "EVQ_MAX_KV_ENTRIES": "5"})
+    assert settings.tls.tls_server_mode is TlsMode.ENFORCING
+    assert settings.limits == RouteLimits(max_broker_addresses=64, max_kv_entries=5,
+                                          max_kv_bytes=1024)
+    assert load_namesrv(env={}).limits == RouteLimits()
     conf.write_text("brokerName=b\n")
     with pytest.raises(SettingsError, match="unknown setting 'brokerName'"):
-        load_tls(config_file=conf, env={})
+        load_namesrv(config_file=conf, env={})
     with pytest.raises(SettingsError, match=r"tls.server.mode=enforcing needs"):
-        load_tls(env={"EVQ_TLS_SERVER_MODE": "enforcing"})
+        load_namesrv(env={"EVQ_TLS_SERVER_MODE": "enforcing"})
+    with pytest.raises(SettingsError, match="'max_topic_queues' must be >= 1"):
+        load_namesrv(env={"EVQ_MAX_TOPIC_QUEUES": "0"})
+
+
+def test_evq_serve_takes_its_name_servers_bounds_with_the_brokers_settings(
+        tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerName=b\nmaxTopicQueues=1000\n")
+    assert load(config_file=conf, env={}).namesrv_limits.max_topic_queues == 1000
 
 
 def test_transient_store_pool_keys_reach_the_store(tmp_path: Path) -> None:

@@ -10,6 +10,11 @@ or when it has been silent for 120 s; the scan for silent brokers runs every 10 
 5 s, as in Java.  Ages are read from the injected clock; only the scan cadence is wall time, so
 a test moves the clock and lets a short ``scan_interval`` notice.
 
+Every table has a bound (:class:`~evq.net.routes.RouteLimits`): a registration or KV entry
+that would take one past it is answered SYSTEM_ERROR with a remark naming the bound, and
+nothing of it is applied; :attr:`NameServer.refusals` counts them and a warning a bound says
+how many at most every 10 s, so a flood of them cannot flood the log either.
+
 With an ACL file (``evq namesrv --acl-file``), the requests that change the tables
 (:data:`WRITE_CODES`) are refused NO_PERMISSION unless an admin account of that file signed
 them (:func:`evq.acl.verifier.verify`, as the broker checks them: all of them are
@@ -45,13 +50,20 @@ from evq.net.headers.namesrv import (
     UnRegisterBrokerRequest,
 )
 from evq.net.protocol import RemotingCommand
+from evq.net.refusals import Refusals
 from evq.net.register_broker import (
     RegisterBrokerBody,
     RegisterResult,
     body_crc32,
     kv_table,
 )
-from evq.net.routes import BROKER_EXPIRED_MS, ORDER_TOPIC_CONFIG, RouteTable
+from evq.net.routes import (
+    BROKER_EXPIRED_MS,
+    ORDER_TOPIC_CONFIG,
+    RouteLimits,
+    RouteTable,
+    TableFull,
+)
 from evq.net.tls import ServerTls
 from evq.net.transport import (
     Connection,
@@ -87,7 +99,8 @@ def no_route_remark(topic: str) -> str:
 
 class NameServer:
     """A name server on ``host:port`` (port 0 picks a free one; ``port`` is the bound one
-    after :meth:`start`).  ``routes`` is its table, for embedding and inspection."""
+    after :meth:`start`).  ``routes`` is its table, for embedding and inspection; ``limits``
+    its bounds (the defaults of :class:`RouteLimits` unless given)."""
 
     def __init__(
         self,
@@ -101,8 +114,13 @@ class NameServer:
         config: TransportConfig | None = None,
         acl_file: Path | None = None,
         tls: ServerTls | None = None,
+        limits: RouteLimits | None = None,
     ) -> None:
-        self.routes = RouteTable()
+        self.routes = RouteTable(limits)
+        self.refusals = {
+            setting: Refusals("namesrv_table_full", bound, clock, setting=setting)
+            for setting, bound in self.routes.limits.bounds().items()}
+        """Writes refused at each bound, by its setting name (``maxBrokerAddresses``)."""
         self._acl_file = acl_file
         self.acl: AclFile | None = None
         """The accounts whose admins may write here, once started; None leaves writes open
@@ -210,10 +228,15 @@ class NameServer:
             len(cmd.body), functools.partial(
                 RegisterBrokerBody.decode, cmd.body, compressed=h.compressed,
                 version=cmd.version))
-        reg = self.routes.register(
-            cluster=h.cluster_name, broker_name=h.broker_name, broker_addr=h.broker_addr,
-            broker_id=h.broker_id, ha_server_addr=h.ha_server_addr, topics=body.topics,
-            now_ms=self._clock.now_ms(), channel=conn)
+        try:
+            reg = self.routes.register(
+                cluster=h.cluster_name, broker_name=h.broker_name, broker_addr=h.broker_addr,
+                broker_id=h.broker_id, ha_server_addr=h.ha_server_addr, topics=body.topics,
+                now_ms=self._clock.now_ms(), channel=conn)
+        except TableFull as exc:
+            self.refusals[exc.setting].refuse(peer=conn.peer, broker=h.broker_name,
+                                              addr=h.broker_addr)
+            raise
         if conn not in self._watched:
             self._watched.add(conn)
             conn.add_close_callback(self._connection_closed)
@@ -258,7 +281,11 @@ class NameServer:
 
     async def _put_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = PutKVConfigRequest.read(cmd.ext_fields)
-        self.routes.put_kv(h.namespace, h.key, h.value)
+        try:
+            self.routes.put_kv(h.namespace, h.key, h.value)
+        except TableFull as exc:
+            self.refusals[exc.setting].refuse(peer=conn.peer)
+            raise
         return cmd.response()
 
     async def _get_kv_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

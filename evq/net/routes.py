@@ -7,6 +7,14 @@ registration, scanned every 10 s) is tested by moving a number.
     cluster ──< broker name ──< broker id -> "ip:port"          (BrokerData)
     topic   ──< broker name -> read/write queue nums, perm       (QueueData, master's view)
     "ip:port" -> last registration time, HA address, channel     (BrokerLive)
+
+Without an ACL anyone who reaches the port may register brokers and put KV config, so every
+table has a bound (:class:`RouteLimits`).  A write that would take a table past its bound is
+refused whole, before any of it is applied (:class:`TableFull`): a registration is never half a
+topic table.  What a broker's heartbeat re-sends is counted by its net growth only, so a broker
+already registered is never refused its heartbeat.  Dropping a broker costs its own slots and
+topics, found through two indexes (address -> its slots, broker name -> its topics), not a scan
+of the tables: a name server dropping many brokers of a big table must not stall its loop.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from typing import Final
 import attrs
 
 from evq import logs
+from evq.domain.codes import BrokerError, ResponseCode
+from evq.domain.config_json import camel
 from evq.domain.topics import TopicConfig
 
 log = logs.get_logger(__name__)
@@ -24,6 +34,62 @@ log = logs.get_logger(__name__)
 MASTER_ID: Final = 0
 BROKER_EXPIRED_MS = 120_000  # BROKER_CHANNEL_EXPIRED_TIME
 ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RouteLimits:
+    """The most a name server holds (evq's: RocketMQ's name server has no bounds).  Each is a
+    setting of the name server under its camelCase name: ``maxBrokerAddresses=8192`` in the
+    ``--config`` file of ``evq namesrv`` (or ``evq serve``), ``EVQ_MAX_BROKER_ADDRESSES`` in
+    its environment.  Memory figures are tracemalloc's, CPython 3.11 on 64 bits.
+    """
+
+    max_broker_addresses: int = attrs.field(default=4096, validator=attrs.validators.ge(1))
+    """Broker addresses: each of the three broker tables (addresses with their last
+    registration, (broker name, id) -> address, cluster -> broker names) holds at most this
+    many entries.  A RocketMQ cluster runs tens to hundreds of broker processes, each one
+    entry in each table; 4,096 leaves room for the largest and for a restart wave (a broker
+    back on a new address while its old one has not expired yet).  A broker costs 1.2 KB
+    without its topics: 4.6 MiB at the bound."""
+    max_topic_queues: int = attrs.field(default=1_000_000, validator=attrs.validators.ge(1))
+    """(topic, broker name) pairs over all topics, one queue-data entry each.  A broker of
+    100,000 topics is a large one, and a cluster of several such groups stays under the
+    bound.  An entry costs 413 bytes when each topic (named in 20 characters) is on one
+    broker group, 520 with 127-character names, 195 when four groups share a topic: 0.4-0.5
+    GiB at the bound."""
+    max_kv_entries: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
+    """KV config entries over all namespaces (a namespace whose keys were all deleted stays,
+    as in RocketMQ, and counts as one).  RocketMQ keeps one entry an ordered topic
+    (``ORDER_TOPIC_CONFIG``) and a few of its own."""
+    max_kv_bytes: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
+    """UTF-8 bytes of one KV entry: namespace, key and value together.  An ordered topic's
+    value (``broker-a:8;broker-b:8``) takes about 11 bytes a broker group, so 1 KiB holds
+    some 90 groups.  All entries at their most hold 10.7 MiB; kept small because every
+    registration's answer carries the whole ``ORDER_TOPIC_CONFIG`` namespace, serialized on
+    the loop (0.38 s for 10 MiB of it; at 16 KiB an entry it was 3.6 s)."""
+
+    def bounds(self) -> dict[str, int]:
+        """Each bound by its setting name (``maxBrokerAddresses``)."""
+        return {camel(f.name): getattr(self, f.name) for f in attrs.fields(RouteLimits)}
+
+
+MAX_BROKER_ADDRESSES: Final = camel(attrs.fields(RouteLimits).max_broker_addresses.name)
+MAX_TOPIC_QUEUES: Final = camel(attrs.fields(RouteLimits).max_topic_queues.name)
+MAX_KV_ENTRIES: Final = camel(attrs.fields(RouteLimits).max_kv_entries.name)
+MAX_KV_BYTES: Final = camel(attrs.fields(RouteLimits).max_kv_bytes.name)
+
+
+class TableFull(BrokerError):
+    """A write refused because it would take a table past a bound of :class:`RouteLimits`;
+    nothing of it was applied.  SYSTEM_ERROR, what RocketMQ answers a request it cannot
+    serve; the remark names the bound and its setting, for the operator who reads it in the
+    broker's log."""
+
+    def __init__(self, setting: str, limit: int, remark: str) -> None:
+        super().__init__(ResponseCode.SYSTEM_ERROR, remark)
+        self.setting = setting
+        """The bound's setting name (``maxBrokerAddresses``)."""
+        self.limit = limit
 
 
 @attrs.define(slots=True)
@@ -69,12 +135,27 @@ class Registration:
 
 
 class RouteTable:
-    def __init__(self) -> None:
+    """The tables, their indexes and their bounds (``limits``, the defaults unless given)."""
+
+    def __init__(self, limits: RouteLimits | None = None) -> None:
+        self.limits = RouteLimits() if limits is None else limits
         self.brokers: dict[str, BrokerData] = {}  # broker name ->
         self.clusters: dict[str, set[str]] = {}  # cluster -> broker names
         self.topics: dict[str, dict[str, QueueData]] = {}  # topic -> broker name ->
         self.live: dict[str, BrokerLive] = {}  # broker addr ->
         self.kv: dict[str, dict[str, str]] = {}  # namespace -> key -> value
+        # The indexes: each is the inverse of a table above, kept with it.
+        self.served: dict[str, set[str]] = {}
+        """Broker name -> the topics it has queue data of (``topics`` inverted)."""
+        self.slots: dict[str, set[tuple[str, int]]] = {}
+        """Broker address -> the (broker name, id) slots of ``brokers`` holding it."""
+        self.listed: dict[str, set[str]] = {}
+        """Broker name -> the clusters listing it (``clusters`` inverted)."""
+        # The tables' sizes, counted as they change, for the bounds.
+        self.slot_count = 0
+        self.listing_count = 0
+        self.queue_count = 0
+        self.kv_count = 0
 
     # --- brokers --------------------------------------------------------------------------
 
@@ -83,18 +164,41 @@ class RouteTable:
         ha_server_addr: str, topics: Iterable[TopicConfig], now_ms: int,
         channel: object = None,
     ) -> Registration:
-        self.clusters.setdefault(cluster, set()).add(broker_name)
-        data = self.brokers.setdefault(broker_name, BrokerData(cluster, broker_name))
-        for other_id, addr in list(data.addrs.items()):
-            if addr == broker_addr and other_id != broker_id:  # a slave became master (or back)
-                del data.addrs[other_id]
+        """Apply a registration, or raise :class:`TableFull` having applied none of it."""
+        data = self.brokers.get(broker_name)
+        moved = [i for name, i in self.slots.get(broker_addr, ())
+                 if name == broker_name and i != broker_id]
+        self._check_addresses(
+            live=broker_addr not in self.live,
+            slots=(data is None or broker_id not in data.addrs) - len(moved),
+            listings=cluster not in self.listed.get(broker_name, ()))
+        # A master's topics, the last config of a name winning (a compressed body may repeat
+        # one): only names it does not serve yet grow the table.
+        latest = {t.topic_name: t for t in topics} if broker_id == MASTER_ID else {}
+        new_queues = len(latest.keys() - self.served.get(broker_name, set()))
+        if self.queue_count + new_queues > self.limits.max_topic_queues:
+            raise TableFull(MAX_TOPIC_QUEUES, self.limits.max_topic_queues,
+                            f"the name server holds {self.queue_count} topic queues and "
+                            f"{broker_name}'s registration adds {new_queues}, past its most, "
+                            f"{self.limits.max_topic_queues} ({MAX_TOPIC_QUEUES})")
+
+        listing = self.listed.setdefault(broker_name, set())
+        if cluster not in listing:
+            listing.add(cluster)
+            self.clusters.setdefault(cluster, set()).add(broker_name)
+            self.listing_count += 1
+        if data is None:
+            data = self.brokers[broker_name] = BrokerData(cluster, broker_name)
+        for other_id in moved:  # a slave became master (or back)
+            self._unplace(data, other_id)
         first = broker_addr not in self.live
-        data.addrs[broker_id] = broker_addr
-        if broker_id == MASTER_ID:
-            for t in topics:
-                self.topics.setdefault(t.topic_name, {})[broker_name] = QueueData(
-                    broker_name, t.read_queue_nums, t.write_queue_nums, t.perm,
-                    t.topic_sys_flag)
+        self._place(data, broker_id, broker_addr)
+        for name, t in latest.items():
+            self.topics.setdefault(name, {})[broker_name] = QueueData(
+                broker_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.topic_sys_flag)
+        if new_queues:
+            self.served.setdefault(broker_name, set()).update(latest)
+            self.queue_count += new_queues
         self.live[broker_addr] = BrokerLive(now_ms, ha_server_addr, channel)
         if first:
             log.info("broker_registered", cluster=cluster, broker=broker_name, id=broker_id,
@@ -129,27 +233,69 @@ class RouteTable:
 
     def _drop_addr(self, addr: str) -> None:
         self.live.pop(addr, None)
-        for data in list(self.brokers.values()):
-            for broker_id, a in list(data.addrs.items()):
-                if a == addr:
-                    self._drop(data.broker_name, broker_id)
+        for broker_name, broker_id in sorted(self.slots.get(addr, ())):
+            self._drop(broker_name, broker_id)
 
     def _drop(self, broker_name: str, broker_id: int) -> None:
         """Remove one address; a broker name left without addresses takes its queue data,
-        the topics left without queue data, and a cluster left empty with it."""
+        the topics left without queue data, and the clusters left empty with it."""
         data = self.brokers[broker_name]
-        data.addrs.pop(broker_id, None)
+        self._unplace(data, broker_id)
         if data.addrs:
             return
         del self.brokers[broker_name]
-        names = self.clusters.get(data.cluster, set())
-        names.discard(broker_name)
-        if not names:
-            self.clusters.pop(data.cluster, None)
-        for topic in list(self.topics):
-            self.topics[topic].pop(broker_name, None)
-            if not self.topics[topic]:
-                del self.topics[topic]
+        for cluster in self.listed.pop(broker_name):
+            names = self.clusters[cluster]
+            names.remove(broker_name)
+            self.listing_count -= 1
+            if not names:
+                del self.clusters[cluster]
+        for topic in list(self.served.get(broker_name, ())):
+            self._unserve(topic, broker_name)
+
+    def _place(self, data: BrokerData, broker_id: int, addr: str) -> None:
+        """Put ``addr`` in slot ``broker_id`` of ``data``, in place of what held it."""
+        old = data.addrs.get(broker_id)
+        if old == addr:
+            return
+        if old is None:
+            self.slot_count += 1
+        else:
+            self._forget_slot(old, (data.broker_name, broker_id))
+        data.addrs[broker_id] = addr
+        self.slots.setdefault(addr, set()).add((data.broker_name, broker_id))
+
+    def _unplace(self, data: BrokerData, broker_id: int) -> None:
+        self._forget_slot(data.addrs.pop(broker_id), (data.broker_name, broker_id))
+        self.slot_count -= 1
+
+    def _forget_slot(self, addr: str, slot: tuple[str, int]) -> None:
+        slots = self.slots[addr]
+        slots.remove(slot)
+        if not slots:
+            del self.slots[addr]
+
+    def _unserve(self, topic: str, broker_name: str) -> None:
+        """Remove ``broker_name``'s queue data of ``topic``, and the topic if none is left."""
+        queues = self.topics[topic]
+        del queues[broker_name]
+        if not queues:
+            del self.topics[topic]
+        served = self.served[broker_name]
+        served.remove(topic)
+        if not served:
+            del self.served[broker_name]
+        self.queue_count -= 1
+
+    def _check_addresses(self, *, live: bool, slots: int, listings: bool) -> None:
+        """Raise :class:`TableFull` unless each broker table has room for what a registration
+        adds to it: a new address, a net new (name, id) slot, a new (cluster, name) listing."""
+        most = self.limits.max_broker_addresses
+        if (len(self.live) + live > most or self.slot_count + slots > most
+                or self.listing_count + listings > most):
+            raise TableFull(MAX_BROKER_ADDRESSES, most,
+                            f"the name server holds {most} broker addresses, its most "
+                            f"({MAX_BROKER_ADDRESSES})")
 
     # --- lookups ----------------------------------------------------------------------------
 
@@ -183,27 +329,43 @@ class RouteTable:
     def topics_by_cluster(self, cluster: str) -> list[str]:
         """Topics with queues on a broker of ``cluster`` (none for an unknown cluster)."""
         names = self.clusters.get(cluster, set())
-        return sorted(t for t, queues in self.topics.items() if not names.isdisjoint(queues))
+        return sorted(set().union(*(self.served.get(name, ()) for name in names)))
 
     def delete_topic(self, topic: str, cluster: str | None = None) -> None:
-        if cluster is None:
-            self.topics.pop(topic, None)
-            return
-        for name in self.clusters.get(cluster, set()):
-            self.topics.get(topic, {}).pop(name, None)
-        if not self.topics.get(topic, True):
-            del self.topics[topic]
+        """Drop ``topic``'s queue data: all of it, or that of ``cluster``'s brokers."""
+        queues = self.topics.get(topic, {})
+        names = queues.keys() if cluster is None else queues.keys() & self.clusters.get(cluster, ())
+        for name in list(names):
+            self._unserve(topic, name)
 
     # --- KV config ----------------------------------------------------------------------------
 
     def put_kv(self, namespace: str, key: str, value: str) -> None:
+        """Set one entry, or raise :class:`TableFull` having set nothing."""
+        size = len(namespace.encode()) + len(key.encode()) + len(value.encode())
+        if size > self.limits.max_kv_bytes:
+            raise TableFull(MAX_KV_BYTES, self.limits.max_kv_bytes,
+                            f"a KV config entry of {size} bytes (namespace, key and value) is "
+                            f"past the most, {self.limits.max_kv_bytes} ({MAX_KV_BYTES})")
+        table = self.kv.get(namespace)
+        # An empty namespace already counts as one entry: its first key takes that place.
+        grows = table is None or (bool(table) and key not in table)
+        if grows and self.kv_count >= self.limits.max_kv_entries:
+            raise TableFull(MAX_KV_ENTRIES, self.limits.max_kv_entries,
+                            f"the name server holds {self.limits.max_kv_entries} KV config "
+                            f"entries, its most ({MAX_KV_ENTRIES})")
         self.kv.setdefault(namespace, {})[key] = value
+        self.kv_count += grows
 
     def get_kv(self, namespace: str, key: str) -> str | None:
         return self.kv.get(namespace, {}).get(key)
 
     def delete_kv(self, namespace: str, key: str) -> None:
-        self.kv.get(namespace, {}).pop(key, None)
+        """Delete one entry; a namespace left empty stays (its list is then empty, as in
+        RocketMQ) and counts as one entry."""
+        table = self.kv.get(namespace, {})
+        if table.pop(key, None) is not None and table:
+            self.kv_count -= 1
 
     def kv_list(self, namespace: str) -> Mapping[str, str] | None:
         return self.kv.get(namespace)

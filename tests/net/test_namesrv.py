@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand
 from evq.net.register_broker import BrokerIdentity, RegisterBrokerBody, body_crc32
 from evq.net.registration import BrokerRegistrar
-from evq.net.routes import ORDER_TOPIC_CONFIG
+from evq.net.routes import ORDER_TOPIC_CONFIG, RouteLimits
 from evq.net.transport import Connection, Dispatcher, RemotingClient, RemotingServer, split_address
 from tests.net.harness import HOST, TIMEOUT, eventually
 from tests.processes import free_port
@@ -38,9 +39,9 @@ SCAN = 0.01  # seconds between expiry scans in tests
 
 
 @contextlib.asynccontextmanager
-async def namesrv(clock: ManualClock | None = None) -> AsyncIterator[NameServer]:
+async def namesrv(clock: ManualClock | None = None, **options: Any) -> AsyncIterator[NameServer]:
     async with NameServer(HOST, 0, clock=clock or ManualClock(), scan_interval=SCAN,
-                          first_scan_delay=0) as server:
+                          first_scan_delay=0, **options) as server:
         yield server
 
 
@@ -270,6 +271,53 @@ async def test_kv_config_and_the_order_topic_conf() -> None:
             ResponseCode.QUERY_NOT_FOUND
 
 
+# --- bounds ---------------------------------------------------------------------------------------
+
+
+def broker(n: int) -> BrokerIdentity:
+    return BrokerIdentity(cluster="C", broker_name=f"broker-{n}", broker_id=0,
+                          broker_addr=f"127.0.0.1:{20000 + n}")
+
+
+async def test_past_its_bounds_a_name_server_refuses_and_serves_what_it_holds() -> None:
+    limits = RouteLimits(max_broker_addresses=2, max_kv_entries=1, max_kv_bytes=16)
+    body = RegisterBrokerBody(topics=(T,)).encode()
+    async with namesrv(limits=limits) as server, RemotingClient(HOST, server.port) as client:
+        for n in (0, 1):
+            answer = await ask(client, RequestCode.REGISTER_BROKER, broker(n).register_fields(),
+                               body)
+            assert answer.code == ResponseCode.SUCCESS
+        for _ in range(2):
+            past = await ask(client, RequestCode.REGISTER_BROKER, broker(2).register_fields(),
+                             body)
+            assert (past.code, past.remark) == (
+                ResponseCode.SYSTEM_ERROR,
+                "the name server holds 2 broker addresses, its most (maxBrokerAddresses)")
+        heartbeat = await ask(client, RequestCode.REGISTER_BROKER, broker(0).register_fields(),
+                              body)
+        assert heartbeat.code == ResponseCode.SUCCESS
+        found = await route(client)
+        assert found is not None
+        assert [b["brokerName"] for b in found["brokerDatas"]] == ["broker-0", "broker-1"]  # type: ignore[attr-defined]
+        assert server.refusals["maxBrokerAddresses"].count == 2
+
+        kv = {"namespace": "N", "key": "k"}
+        assert (await ask(client, RequestCode.PUT_KV_CONFIG, {**kv, "value": "v"})).code == \
+            ResponseCode.SUCCESS
+        more = await ask(client, RequestCode.PUT_KV_CONFIG, {**kv, "key": "k2", "value": "v"})
+        assert (more.code, more.remark) == (
+            ResponseCode.SYSTEM_ERROR,
+            "the name server holds 1 KV config entries, its most (maxKvEntries)")
+        big = await ask(client, RequestCode.PUT_KV_CONFIG, {**kv, "value": "v" * 15})
+        assert (big.code, big.remark) == (
+            ResponseCode.SYSTEM_ERROR, "a KV config entry of 17 bytes (namespace, key and value) "
+                                       "is past the most, 16 (maxKvBytes)")
+        got = await ask(client, RequestCode.GET_KV_CONFIG, kv)
+        assert got.ext_fields == {"value": "v"}
+        assert (server.refusals["maxKvEntries"].count, server.refusals["maxKvBytes"].count,
+                server.refusals["maxTopicQueues"].count) == (1, 1, 0)
+
+
 # --- bad requests ---------------------------------------------------------------------------------
 
 
@@ -379,3 +427,26 @@ def test_evq_namesrv_on_a_taken_port_exits_with_one_line() -> None:
     assert child.returncode == 1
     assert out == ""
     assert err == f"evq: error: cannot listen on {HOST}:{port}: Address already in use\n"
+
+
+def test_evq_namesrv_takes_its_bounds_from_its_config_file(tmp_path: Path) -> None:
+    conf = tmp_path / "namesrv.conf"
+    conf.write_text("maxBrokerAddresses=1\n")
+    port = free_port()
+    with evq("namesrv", "--port", str(port), "--config", str(conf)) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline() == f"evq namesrv listening on {HOST}:{port}\n"
+
+        async def scenario() -> list[RemotingCommand]:
+            body = RegisterBrokerBody(topics=(T,)).encode()
+            async with RemotingClient(HOST, port) as client:
+                return [await ask(client, RequestCode.REGISTER_BROKER,
+                                  broker(n).register_fields(), body) for n in (0, 1)]
+
+        first, second = asyncio.run(scenario())
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(TIMEOUT) == 0
+    assert first.code == ResponseCode.SUCCESS
+    assert (second.code, second.remark) == (
+        ResponseCode.SYSTEM_ERROR,
+        "the name server holds 1 broker addresses, its most (maxBrokerAddresses)")
