@@ -342,7 +342,8 @@ class RouteTable:
 
     def put_kv(self, namespace: str, key: str, value: str) -> None:
         """Set one entry, or raise :class:`TableFull` having set nothing."""
-        size = len(namespace.encode()) + len(key.encode()) + len(value.encode())
+        # surrogatepass: a JSON header may carry a lone surrogate, which is no error here
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in (namespace, key, value))
         if size > self.limits.max_kv_bytes:
             raise TableFull(MAX_KV_BYTES, self.limits.max_kv_bytes,
                             f"a KV config entry of {size} bytes (namespace, key and value) is "

@@ -142,6 +142,8 @@ def test_the_kv_bounds() -> None:
     assert exc.remark == ("a KV config entry of 11 bytes (namespace, key and value) is past "
                           "the most, 10 (maxKvBytes)")
     refused(rt, "maxKvBytes", lambda: rt.put_kv("N", "k1", "é" * 4))  # UTF-8 bytes count
+    # A lone surrogate (a JSON header may carry one) counts its three bytes, no error.
+    refused(rt, "maxKvBytes", lambda: rt.put_kv("N", "k1", "\ud800" * 3))
     assert rt.get_kv("N", "k1") == "new"
     # An emptied namespace stays, listed empty, as one entry its next key takes over.
     rt.delete_kv("M", "k1")
