@@ -210,12 +210,17 @@ class RouteTable:
 
     def unregister(self, *, cluster: str, broker_name: str, broker_addr: str,
                    broker_id: int) -> None:
-        self.live.pop(broker_addr, None)
-        data = self.brokers.get(broker_name)
-        if data is None or data.addrs.get(broker_id) != broker_addr:
+        """Drop the broker at ``broker_addr`` with every slot the address holds.  Java's name
+        server drops only the slot the request names, and the address's live entry whatever
+        the name and id: a slot under another name or id stays, no longer live, so never
+        expired.  Under bounds such slots would fill the table for good (a client could
+        register addresses and unregister them under a wrong id until no broker could
+        register), and a route would name an address that left."""
+        if broker_addr not in self.live and broker_addr not in self.slots:
             return
-        self._drop(broker_name, broker_id)
-        log.info("broker_unregistered", broker=broker_name, id=broker_id, addr=broker_addr)
+        self._drop_addr(broker_addr)
+        log.info("broker_unregistered", cluster=cluster, broker=broker_name, id=broker_id,
+                 addr=broker_addr)
 
     def expire(self, now_ms: int, max_silence_ms: int = BROKER_EXPIRED_MS) -> list[str]:
         """Drop brokers whose last registration is older than ``max_silence_ms``."""

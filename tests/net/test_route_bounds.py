@@ -65,6 +65,21 @@ def test_the_broker_address_bound_refuses_the_next_new_broker_and_never_a_heartb
     assert sorted(rt.brokers) == ["b0", "b2", "b3"]
 
 
+def test_an_unregistration_under_a_wrong_id_leaves_no_slot_behind() -> None:
+    """The address is no longer live, so its slots go with it: left behind (as Java leaves
+    them) they would never expire, and a client could fill the bound with them for good."""
+    rt = RouteTable(RouteLimits(max_broker_addresses=2))
+    register(rt, "b0", 0)
+    register(rt, "b1", 1)
+    for n in range(2):
+        rt.unregister(cluster="C", broker_name=f"b{n}", broker_addr=f"h:{n}", broker_id=7)
+    assert rt.brokers == {} and rt.live == {} and rt.slots == {} and rt.slot_count == 0
+    assert rt.route("T") is None
+    register(rt, "b2", 2)
+    register(rt, "b3", 3)
+    assert sorted(rt.brokers) == ["b2", "b3"]
+
+
 def test_one_address_under_many_names_or_one_name_in_many_clusters_is_bounded_too() -> None:
     """The (name, id) slots and the cluster listings are held to the bound like addresses:
     one address may fill the first, one broker the second."""
@@ -334,9 +349,7 @@ class RouteTableModel(RuleBasedStateMachine):
     def unregister(self, cluster: str, name: str, addr: str, broker_id: int) -> None:
         self.rt.unregister(cluster=cluster, broker_name=name, broker_addr=addr,
                            broker_id=broker_id)
-        self.model.live.pop(addr, None)
-        if self.model.slots.get((name, broker_id)) == addr:
-            self.model.drop(name, broker_id)
+        self.model.drop_addr(addr)  # every slot of the address: none left unexpirable
 
     @rule(seconds=st.sampled_from([30, 60, 120, 121]))
     def expire(self, seconds: int) -> None:
