@@ -91,6 +91,18 @@ WRITE_CODES: Final = frozenset({
 an ACL is on.  Codes without a handler yet are listed so that one added later is guarded."""
 
 
+_TOPIC_NAME_BYTES: Final = 32
+"""About what a topic name takes in a topic list, to size the work of building one."""
+_TOPIC_LIST_NONE: Final = fastjson.dumps({"topicList": []}).encode()
+
+
+def _topic_list(names: list[str]) -> bytes:
+    """A topic list's answer body (TopicList), its names in no order, as Java's set gives
+    them (evq's admin sorts them): a sort of a million names is one call that holds the GIL,
+    and the loop with it, for most of a second."""
+    return fastjson.dumps({"topicList": names}).encode()
+
+
 def no_route_remark(topic: str) -> str:
     """Java's TOPIC_NOT_EXIST remark, FAQ pointer included (clients show it to users)."""
     return (f"No topic route info in name server for the topic: {topic}"
@@ -117,6 +129,9 @@ class NameServer:
         limits: RouteLimits | None = None,
     ) -> None:
         self.routes = RouteTable(limits)
+        self._topic_lists: dict[str | None, tuple[int, asyncio.Future[bytes]]] = {}
+        """Topic list answers by cluster (None: every topic), with the listing version they
+        were built at (see :meth:`topic_list_body`)."""
         self.refusals = {
             setting: Refusals("namesrv_table_full", bound, clock, setting=setting)
             for setting, bound in self.routes.limits.bounds().items()}
@@ -263,13 +278,32 @@ class NameServer:
         return cmd.response(body=fastjson.dumps(self.routes.cluster_info()).encode())
 
     async def _get_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(body=fastjson.dumps({"topicList": self.routes.topic_list()}).encode())
+        return cmd.response(body=await self.topic_list_body())
 
     async def _get_topics_by_cluster(self, conn: Connection,
                                      cmd: RemotingCommand) -> RemotingCommand:
         h = GetTopicsByClusterRequest.read(cmd.ext_fields)
-        topics = self.routes.topics_by_cluster(h.cluster)
-        return cmd.response(body=fastjson.dumps({"topicList": topics}).encode())
+        return cmd.response(body=await self.topic_list_body(h.cluster))
+
+    async def topic_list_body(self, cluster: str | None = None) -> bytes:
+        """The answer to a topic list (of ``cluster``'s brokers): built once per
+        :attr:`RouteTable.listing_version` and kept, the names copied on the loop and encoded
+        in a worker thread when many.  Anyone may ask for it: at the table's bound
+        (a million topics) one build took the loop 1.5 s, which a client asking again and
+        again would have made the loop's whole time."""
+        if cluster is not None and cluster not in self.routes.clusters:
+            return _TOPIC_LIST_NONE  # not kept: a client may name any number of clusters
+        version = self.routes.listing_version
+        kept = self._topic_lists.get(cluster)
+        if kept is None or kept[0] != version:
+            if kept is None and len(self._topic_lists) > len(self.routes.clusters):
+                self._topic_lists = {k: v for k, v in self._topic_lists.items()
+                                     if k is None or k in self.routes.clusters}
+            names = self.routes.topic_names(cluster)
+            kept = version, asyncio.ensure_future(
+                execution.sized(len(names) * _TOPIC_NAME_BYTES, _topic_list, names))
+            self._topic_lists[cluster] = kept
+        return await asyncio.shield(kept[1])
 
     async def _delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         h = DeleteTopicFromNamesrvRequest.read(cmd.ext_fields)

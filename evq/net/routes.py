@@ -156,6 +156,9 @@ class RouteTable:
         self.listing_count = 0
         self.queue_count = 0
         self.kv_count = 0
+        self.listing_version = 0
+        """Moves on whenever a topic list could change (a topic served or no longer, a broker
+        listed in a cluster or no longer): answers built from them are kept until it does."""
 
     # --- brokers --------------------------------------------------------------------------
 
@@ -187,6 +190,7 @@ class RouteTable:
             listing.add(cluster)
             self.clusters.setdefault(cluster, set()).add(broker_name)
             self.listing_count += 1
+            self.listing_version += 1
         if data is None:
             data = self.brokers[broker_name] = BrokerData(cluster, broker_name)
         for other_id in moved:  # a slave became master (or back)
@@ -199,6 +203,7 @@ class RouteTable:
         if new_queues:
             self.served.setdefault(broker_name, set()).update(latest)
             self.queue_count += new_queues
+            self.listing_version += 1
         self.live[broker_addr] = BrokerLive(now_ms, ha_server_addr, channel)
         if first:
             log.info("broker_registered", cluster=cluster, broker=broker_name, id=broker_id,
@@ -253,6 +258,7 @@ class RouteTable:
             names = self.clusters[cluster]
             names.remove(broker_name)
             self.listing_count -= 1
+            self.listing_version += 1
             if not names:
                 del self.clusters[cluster]
         for topic in list(self.served.get(broker_name, ())):
@@ -291,6 +297,7 @@ class RouteTable:
         if not served:
             del self.served[broker_name]
         self.queue_count -= 1
+        self.listing_version += 1
 
     def _check_addresses(self, *, live: bool, slots: int, listings: bool) -> None:
         """Raise :class:`TableFull` unless each broker table has room for what a registration
@@ -329,12 +336,18 @@ class RouteTable:
         }
 
     def topic_list(self) -> list[str]:
-        return sorted(self.topics)
+        return sorted(self.topic_names())
 
     def topics_by_cluster(self, cluster: str) -> list[str]:
         """Topics with queues on a broker of ``cluster`` (none for an unknown cluster)."""
+        return sorted(self.topic_names(cluster))
+
+    def topic_names(self, cluster: str | None = None) -> list[str]:
+        """The topics (of ``cluster``'s brokers), unsorted: a copy to sort elsewhere."""
+        if cluster is None:
+            return list(self.topics)
         names = self.clusters.get(cluster, set())
-        return sorted(set().union(*(self.served.get(name, ()) for name in names)))
+        return list(set().union(*(self.served.get(name, ()) for name in names)))
 
     def delete_topic(self, topic: str, cluster: str | None = None) -> None:
         """Drop ``topic``'s queue data: all of it, or that of ``cluster``'s brokers."""
