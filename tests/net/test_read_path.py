@@ -370,8 +370,12 @@ def test_both_read_paths_do_the_same_whatever_comes(
     trace = compared(steps, eager=eager, pause_on_write=pause_on_write,
                      max_in_flight=max_in_flight, max_request_bytes=max_request_bytes,
                      budget=budget)
-    if budget is not None:  # every byte given back once the connection is gone
-        assert final_state(trace)[-1][0] == 0  # type: ignore[index]
+    if budget is not None:
+        # Once the connection is gone the budget holds only what handlers still running hold:
+        # one-way requests run on past a close (their senders counted them delivered), each
+        # bounded by its own work; every other byte is given back.
+        final = final_state(trace)
+        assert final[-1][0] == final[2]  # type: ignore[index]
 
 
 def test_a_handler_may_answer_with_an_awaitable_that_is_not_a_coroutine() -> None:
