@@ -26,8 +26,8 @@ from evq.backends.mmapfile.index_file import (
     HEADER_SIZE,
     IndexFile,
     IndexService,
-    dirty_runs,
     index_file_name,
+    take_runs,
 )
 from evq.backends.mmapfile.mapped_file import (
     ALLOCATION_CHUNK,
@@ -513,19 +513,16 @@ def _built(allocator: Allocator, directory: Path, after: Path | None = None) -> 
 
 
 @given(st.lists(st.booleans(), max_size=3 * COPY_CHUNKS + 5), st.integers(1, COPY_CHUNKS + 2))
-def test_a_flush_copies_the_dirty_head_chunks_a_bounded_run_at_a_time(
-        flags: list[bool], most: int) -> None:
-    """Every dirty chunk is copied once, as it is, in runs of at most ``most`` chunks (the
-    GIL is given up between them, so a whole dirty slot table no longer stops the broker's
-    loop for one long copy), and every flag is cleared."""
+def test_a_flush_takes_the_dirty_head_chunks_in_bounded_runs(flags: list[bool], most: int) -> None:
+    """Every dirty chunk is in one run, as its byte range, in runs of at most ``most`` chunks
+    (the pure copy gives the GIL up between them, so a whole dirty slot table no longer stops
+    the broker's loop for one long copy), and every flag is cleared."""
     dirty = bytearray(flags)
-    image = bytes(k % 251 for k in range(len(flags) * HEAD_CHUNK))
-    runs = list(dirty_runs(dirty, image, most))
-    assert all(0 < len(data) <= most * HEAD_CHUNK and len(data) % HEAD_CHUNK == 0
-               for _, data in runs)
-    assert all(image[at:at + len(data)] == data for at, data in runs)
-    copied = [at // HEAD_CHUNK + k for at, data in runs for k in range(len(data) // HEAD_CHUNK)]
-    assert copied == [c for c, flag in enumerate(flags) if flag]
+    runs = take_runs(dirty, most)
+    assert all(0 < end - start <= most * HEAD_CHUNK and start % HEAD_CHUNK == end % HEAD_CHUNK == 0
+               for start, end in runs)
+    taken = [c for start, end in runs for c in range(start // HEAD_CHUNK, end // HEAD_CHUNK)]
+    assert taken == [c for c, flag in enumerate(flags) if flag]
     assert not any(dirty)
 
 

@@ -14,7 +14,9 @@ wherever a C compiler exists, and runs the store tests once more on the pure pat
 
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import struct
 import subprocess
 import sys
@@ -595,6 +597,88 @@ def test_a_lookup_ends_on_a_slot_whose_uncounted_chain_loops() -> None:
         assert twins.chain_offsets(image, 40, 2, 10, 3, 7, 0, 0, 10**13, 5) == []
         assert twins.chain_offsets(image, 40, 2, 10, 1, 7, 0, 0, 10**13, 5) == [100]
         assert index_file.counted_head(image, 40, 3, 2) == 0  # type: ignore[arg-type]
+
+
+# No zero bytes: a copy's fresh memory may hold zeros, and a byte it failed to copy must show.
+head_images = st.builds(lambda n, seed: bytes((k * 7 + seed) % 255 + 1 for k in range(n)),
+                        st.integers(0, 3 * index_file.HEAD_CHUNK + 100), st.integers(0, 254))
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(image=head_images, data=st.data())
+def test_copy_runs_matches_on_any_ranges(image: bytes, data: st.DataObject) -> None:
+    """Both copies of a head's ranges give the same ``(start, bytes)``: ranges within the
+    image, at its end, past it and empty (the last run of a head whose size is no whole
+    number of chunks ends past it)."""
+    assert COMPILED is not None
+    bound = len(image) + index_file.HEAD_CHUNK
+    runs = data.draw(st.lists(st.tuples(st.integers(0, bound), st.integers(0, bound)),
+                              max_size=8))
+    with mmap.mmap(-1, max(1, len(image))) as mm:
+        mm[: len(image)] = image
+        assert outcome(COMPILED.copy_runs, mm, runs) == outcome(PURE.copy_runs, mm, runs)
+
+
+@needs_compiled
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(runs=st.lists(st.tuples(st.integers(0, 3 * index_file.HEAD_CHUNK),
+                               st.binary(max_size=2 * index_file.HEAD_CHUNK)), max_size=6),
+       skip=st.integers(0, index_file.HEADER_SIZE + 10))
+def test_write_runs_matches_on_any_runs(
+    tmp_path_factory: pytest.TempPathFactory, runs: list[tuple[int, bytes]], skip: int,
+) -> None:
+    """Both writes of a head's runs leave the same file: overlapping runs (the later one
+    wins), runs past the file's end, empty ones, and the bytes below ``skip_below`` left
+    alone."""
+    assert COMPILED is not None
+    tmp = tmp_path_factory.mktemp("write_runs")
+    files = []
+    for name, twins in (("pure", PURE), ("compiled", COMPILED)):
+        path = tmp / name
+        path.write_bytes(b"\xaa" * 100)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            twins.write_runs(fd, runs, skip)
+        finally:
+            os.close(fd)
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+
+
+def test_a_failed_head_write_raises_the_os_error() -> None:
+    """A write the kernel refuses raises its ``OSError`` (here: a descriptor open only for
+    reading), from either write."""
+    for twins in (PURE, COMPILED or PURE):
+        fd = os.open(os.devnull, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as raised:
+                twins.write_runs(fd, [(0, b"x")], 0)
+            assert raised.value.errno == errno.EBADF
+        finally:
+            os.close(fd)
+
+
+def test_the_compiled_write_back_leaves_the_head_the_pure_one_does(tmp_path: Path) -> None:
+    """An index file flushed through the compiled copy and write holds the head, slot for
+    slot, that one flushed through the pure ones holds, after puts between flushes that
+    touch chunks already taken and chunks not yet."""
+    heads = []
+    for name, twins in (("pure", PURE), ("compiled", COMPILED or PURE)):
+        service = index_file.IndexService(tmp_path / name, 3000, 400,
+                                          copy_runs=twins.copy_runs,
+                                          write_runs=twins.write_runs)
+        for round_ in range(3):
+            hashes = range(round_ * 7, 3000, 41)  # over every chunk of the 3000 slots
+            service.put([((h,), 100_000 * round_ + i) for i, h in enumerate(hashes)],
+                        START_MS + round_)
+            service.flush()
+        f = service.files[-1]
+        heads.append(bytes(f.file.mm[: f.base]))
+        service.close()
+    assert heads[0] == heads[1]
+    assert heads[0][index_file.HEADER_SIZE:] != bytes(len(heads[0]) - index_file.HEADER_SIZE)
 
 
 # --- the append's ends: the index put, the result, a failing subscriber ----------------------

@@ -52,7 +52,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -99,11 +99,20 @@ PutEntries = Callable[
 
 
 COPY_CHUNKS = 16
-"""The most head chunks (64 KiB) a flush copies in one step while holding the GIL.  A run of
-dirty chunks can be the whole 20 MB slot table (a second of sends with unique keys touches
-nearly every chunk), and copied in one step it stopped every other thread for 25 ms a flush
-on this VM, the broker's event loop included: that was most of batch produce's 99th
-percentile (issue 18)."""
+"""The most head chunks (64 KiB) the pure flush copies in one step while holding the GIL.
+A run of dirty chunks can be the whole 20 MB slot table (a second of sends with unique keys
+touches nearly every chunk), and copied in one step it stopped every other thread for 25 ms a
+flush on this VM, the broker's event loop included: that was most of batch produce's 99th
+percentile (issue 18).  The compiled copy (:data:`CopyRuns`) holds no GIL and takes runs of
+any length."""
+
+CopyRuns = Callable[[mmap.mmap, list[tuple[int, int]]], list[tuple[int, bytes]]]
+"""The signature of :func:`copy_runs` and of its compiled twin: copies of ``image`` over each
+byte range ``[start, end)``, as ``(start, bytes)``."""
+
+WriteRuns = Callable[[int, list[tuple[int, "bytes | mmap.mmap"]], int], None]
+"""The signature of :func:`write_runs` and of its compiled twin: each ``(at, data)`` written
+at file offset ``at`` of descriptor ``fd``, less what lies below offset ``skip_below``."""
 
 
 def head_chunk(slot: int) -> int:
@@ -111,21 +120,47 @@ def head_chunk(slot: int) -> int:
     return (HEADER_SIZE + SLOT_SIZE * slot) // HEAD_CHUNK
 
 
-def dirty_runs(dirty: bytearray, image: bytes | bytearray | mmap.mmap,
-               most: int = COPY_CHUNKS) -> Iterator[tuple[int, bytes]]:
-    """Copies of the head's dirty chunks (``dirty[c]`` set: chunk ``c`` of ``image``) as
-    ``(file offset, bytes)``, each of at most ``most`` contiguous chunks, each chunk's flag
-    cleared just before its copy (a put after that marks it again, for the next flush).
+def take_runs(dirty: bytearray, most: int) -> list[tuple[int, int]]:
+    """The byte ranges of the head's dirty chunks (``dirty[c]`` set: chunk ``c``), each of at
+    most ``most`` contiguous chunks, with every flag cleared: a put after this marks its chunk
+    again, for the next flush, whether or not the copy that follows sees its slot.
 
-    Each copy is one step the GIL keeps whole against a put, as a run of any length is; the
-    caller may let other threads run between them."""
+    Called holding the GIL (the scan and the clearing are C steps of ``bytearray``), so no put
+    is half done as the flags are taken; the copy that follows need not hold it."""
+    runs: list[tuple[int, int]] = []
     chunk = dirty.find(1)
     while chunk >= 0:
         end = dirty.find(0, chunk, chunk + most)
         end = min(len(dirty), chunk + most) if end < 0 else end
-        dirty[chunk:end] = bytes(end - chunk)  # cleared before the copy: see put_entries
-        yield chunk * HEAD_CHUNK, image[chunk * HEAD_CHUNK : end * HEAD_CHUNK]
+        dirty[chunk:end] = bytes(end - chunk)
+        runs.append((chunk * HEAD_CHUNK, end * HEAD_CHUNK))
         chunk = dirty.find(1, end)
+    return runs
+
+
+def copy_runs(image: mmap.mmap, runs: list[tuple[int, int]]) -> list[tuple[int, bytes]]:
+    """Copies of ``image`` over each of ``runs``, the GIL given up between them: each copy is
+    one step the GIL keeps whole, so the broker's loop waits at most one run's copy at a time.
+    The reference of ``copy_runs`` in store_kernels.pyx, which copies them all without
+    holding the GIL."""
+    copies: list[tuple[int, bytes]] = []
+    for start, end in runs:
+        copies.append((start, image[start:end]))
+        time.sleep(0)  # the GIL, given up between copies: appends go on meanwhile
+    return copies
+
+
+def write_runs(fd: int, runs: list[tuple[int, bytes | mmap.mmap]], skip_below: int) -> None:
+    """Write each ``(at, data)`` of ``runs`` at offset ``at`` of ``fd``, less its bytes below
+    ``skip_below`` (the header, written last on its own).  ``pwrite`` gives the GIL up for
+    each write and takes it back after: the reference of ``write_runs`` in store_kernels.pyx,
+    which writes them all in one stretch without it (a thousand runs were a thousand GIL
+    hand-overs, and the broker's loop waited through one a request)."""
+    for at, data in runs:
+        with memoryview(data) as view:
+            done = max(0, skip_below - at)
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], at + done)
 
 
 def put_entries(
@@ -467,26 +502,24 @@ class IndexFile:
         with self._write_lock:
             self._write_head([(0, self._image)], self._header(), self.count)
 
-    def flush(self, put_lock: AbstractContextManager[object]) -> None:
+    def flush(self, put_lock: AbstractContextManager[object], copy: CopyRuns = copy_runs,
+              write: WriteRuns = write_runs) -> None:
         """Put the entries written since the last flush on disk, then the head (as it was
         once they were written), so that no slot on disk ever names an entry that is not.
 
         Runs on the projection flusher's thread (or a caller of the store's ``flush``), while
-        puts go on: changed chunks are copied first, at most :data:`COPY_CHUNKS` at a time with
-        the GIL given up between copies (each copy is one step the GIL keeps whole against a
-        compiled put, which writes an entry before its slot), then the header
-        is taken under ``put_lock``, so its count covers every entry those chunks name; only
-        that much is synced before the head is written back.  A truncation meanwhile writes
-        the head itself, and this round writes none of it.
+        puts go on: the changed chunks' flags are taken (:func:`take_runs`) and the chunks
+        copied (``copy``: :func:`copy_runs` or its compiled twin), then the header is taken
+        under ``put_lock``, so its count covers every entry those copies name (a put writes
+        an entry before its slot, and the slot before it lets the lock go); only that much is
+        synced before the head is written back (``write``: :func:`write_runs` or its twin).
+        A truncation meanwhile writes the head itself, and this round writes none of it.
         """
         with self._flush_lock:
             cuts, image, dirty = self._cuts, self._image, self._dirty
             if image is None:
                 return  # not written in this process since it was opened (or since it filled)
-            runs: list[tuple[int, bytes]] = []
-            for run in dirty_runs(dirty, image):
-                runs.append(run)
-                time.sleep(0)  # the GIL, given up between copies: appends go on meanwhile
+            runs = copy(image, take_runs(dirty, COPY_CHUNKS))
             with put_lock:
                 if self._cuts != cuts or (not runs and self.count == self._durable_count):
                     return
@@ -494,7 +527,7 @@ class IndexFile:
             with self._write_lock:
                 if self._cuts != cuts or self._closed:
                     return
-                self._write_head(runs, header, count)
+                self._write_head(runs, header, count, write)
 
     def sync_entries(self, put_lock: AbstractContextManager[object]) -> int | None:
         """Put the entries written since the last sync on disk, without the head (a
@@ -516,8 +549,8 @@ class IndexFile:
                     self._synced = count
             return count
 
-    def _write_head(self, runs: list[tuple[int, bytes | mmap.mmap]], header: bytes, count: int
-                    ) -> None:
+    def _write_head(self, runs: list[tuple[int, bytes | mmap.mmap]], header: bytes, count: int,
+                    write: WriteRuns = write_runs) -> None:
         """Put entries up to ``count`` on disk, then the head's changed chunks ``runs`` (the
         header bytes in them left out), then ``header``, each before the next: a header on
         disk vouches for every slot page, so a power cut that kept a new header and an old
@@ -525,10 +558,7 @@ class IndexFile:
         at = self.base + min(self._synced, count) * ENTRY_SIZE
         self.file.sync_range(at, self.base + count * ENTRY_SIZE)
         self._synced = count
-        for at, data in runs:
-            with memoryview(data) as view:
-                skip = max(0, HEADER_SIZE - at)
-                self.file.write_at(view[skip:], at + skip)
+        write(self.file.fd, runs, HEADER_SIZE)
         os.fdatasync(self.file.fd)  # written through the descriptor: synced through it
         self.file.write_at(header, 0)
         os.fdatasync(self.file.fd)
@@ -580,15 +610,18 @@ class IndexService:
         put_entries: PutEntries = put_entries,
         put_lock: AbstractContextManager[object] | None = None,
         chain_offsets: ChainOffsets = chain_offsets,
+        copy_runs: CopyRuns = copy_runs, write_runs: WriteRuns = write_runs,
     ):
         """``put_entries``: the entry-writing loop :meth:`IndexFile.put` runs (the pure one
         or its compiled twin); ``chain_offsets``: the chain walk :meth:`IndexFile.lookup`
-        runs.  ``put_lock``: the lock every put, truncation and expiry runs
-        under (the store's); :meth:`flush` takes it for moments."""
+        runs; ``copy_runs`` and ``write_runs``: how :meth:`IndexFile.flush` copies the head's
+        changed chunks and writes them back.  ``put_lock``: the lock every put, truncation
+        and expiry runs under (the store's); :meth:`flush` takes it for moments."""
         self.directory = directory
         self._put_lock = put_lock if put_lock is not None else threading.RLock()
         self._put_entries = put_entries
         self._chain_offsets = chain_offsets
+        self._copy_runs, self._write_runs = copy_runs, write_runs
         self.slots = slots
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
@@ -751,7 +784,7 @@ class IndexService:
         with self._put_lock:
             files = [f for f in self.files if f.in_memory]
         for f in files:
-            f.flush(self._put_lock)
+            f.flush(self._put_lock, self._copy_runs, self._write_runs)
         with self._put_lock:
             for f in files:
                 if f in self.files[:-1] and f.settled():

@@ -26,8 +26,8 @@ from evq.domain.log import Dispatched, GetStatus, LogClosed, ReadResult
 @attrs.frozen(slots=True)
 class StoreKernels:
     """One implementation of the store's loops (see :mod:`evq.backends.mmapfile.append_loop`
-    and :func:`evq.backends.mmapfile.index_file.put_entries` and ``chain_offsets`` for what each
-    does)."""
+    and :func:`evq.backends.mmapfile.index_file.put_entries`, ``chain_offsets``, ``copy_runs``
+    and ``write_runs`` for what each does)."""
 
     append_records: Callable[[append_loop.AppendRun, int], int]
     put_entries: index_file.PutEntries
@@ -41,6 +41,8 @@ class StoreKernels:
     """The twin of :meth:`MmapMessageLog._read_queue` (the store, the queue, the pull's
     arguments), installed the same way; None: the method itself."""
     chain_offsets: index_file.ChainOffsets = index_file.chain_offsets
+    copy_runs: index_file.CopyRuns = index_file.copy_runs
+    write_runs: index_file.WriteRuns = index_file.write_runs
 
 
 PURE = StoreKernels(append_loop.append_records, index_file.put_entries, append_loop.AppendRun)
@@ -72,7 +74,8 @@ def _compiled() -> StoreKernels | None:
     )
     return StoreKernels(store_kernels.append_records, store_kernels.put_entries,
                         store_kernels.AppendRun, store_kernels.append, store_kernels.read_queue,
-                        store_kernels.chain_offsets)
+                        store_kernels.chain_offsets, store_kernels.copy_runs,
+                        store_kernels.write_runs)
 
 
 COMPILED = _compiled()

@@ -133,7 +133,8 @@ class MmapMessageLog(StoreShell):
                                     self._allocator, pool=self._pool)
         self._index = IndexService(root / "index", config.index_slots, config.index_entries,
                                    self._allocator, self.kernels.put_entries, self._put_lock,
-                                   self.kernels.chain_offsets)
+                                   self.kernels.chain_offsets, self.kernels.copy_runs,
+                                   self.kernels.write_runs)
         self._point_reads = PointReads()
         self._checkpoint: Checkpoint | None = None
         self._checkpoint_lock = threading.Lock()  # the projection rounds' and truncations'

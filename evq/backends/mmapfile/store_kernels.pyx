@@ -6,7 +6,9 @@ loops), ``chain_offsets`` (the key lookup's walk of an index chain), and ``appen
 (:meth:`IndexService.put`) and ``single`` (:meth:`AppendedBatch.single`), the steps a single
 send runs around them: those were about 460 of the 820 bytecodes the broker ran for one, in
 a dozen small Python frames (issue 18); and ``read_queue`` (:meth:`MmapMessageLog._read_queue`),
-a pull's loop over its entries and records.  The Python code stays the reference and the fallback
+a pull's loop over its entries and records; and ``copy_runs`` and ``write_runs``, the index
+head's write-back, made without holding the GIL.  The Python code stays the reference and the
+fallback
 (evq.backends.mmapfile.kernels and evq.backends.mmapfile.appended choose).
 
 Each twin reads and leaves the same state as its reference, writes the same bytes, and stops
@@ -27,14 +29,19 @@ it reads and builds, once, when evq.backends.mmapfile.kernels loads it.
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from evq.byte_order cimport get32, get64, put32, put64
 from evq.slots cimport new_instance, set_new, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.errno cimport EINTR, errno
 from libc.string cimport memcpy
+from posix.unistd cimport pwrite
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
+import os
 from struct import error as struct_error
 
 cdef extern from *:
@@ -723,6 +730,97 @@ cdef inline int64_t entry_at(Py_ssize_t base, int64_t i, Py_ssize_t size) except
         raise struct_error(f"an index entry at {at} past a mapping of {size} bytes")
     return at
 
+
+
+# --- the index head's write-back ---------------------------------------------------------------
+
+
+def copy_runs(object image, list runs) -> list:
+    """The twin of :func:`evq.backends.mmapfile.index_file.copy_runs` (the ranges'
+    offsets not negative, as :func:`~evq.backends.mmapfile.index_file.take_runs` makes
+    them): the copies' bytes objects are made holding the GIL, then filled without it, all
+    in one stretch.  Puts go on meanwhile and may change a slot as it is copied: the copy
+    holds the old value or the new one (an aligned 4-byte slot is one store and one load),
+    and a put's chunk was marked dirty again after its flag was taken, so the next flush
+    copies its slot anyway.  The exported buffer keeps ``image`` from closing meanwhile."""
+    cdef Py_buffer view
+    cdef Py_ssize_t n = len(runs), k, start, end
+    cdef char** dst = NULL
+    cdef Py_ssize_t* src = NULL
+    cdef Py_ssize_t* size = NULL
+    cdef list copies = []
+    PyObject_GetBuffer(image, &view, 0)
+    try:
+        dst = <char**>PyMem_Malloc(max(n, 1) * sizeof(char*))
+        src = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
+        size = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
+        if dst == NULL or src == NULL or size == NULL:
+            raise MemoryError()
+        for k in range(n):
+            start, end = runs[k]
+            if start < 0 or end < 0:
+                raise ValueError(f"a head range with a negative offset: {runs[k]!r}")
+            start, end = min(start, view.len), min(end, view.len)  # as slicing clamps
+            end = max(start, end)
+            copy = PyBytes_FromStringAndSize(NULL, end - start)
+            dst[k], src[k], size[k] = PyBytes_AS_STRING(copy), start, end - start
+            copies.append((runs[k][0], copy))
+        with nogil:
+            for k in range(n):
+                memcpy(dst[k], <const char*>view.buf + src[k], size[k])
+        return copies
+    finally:
+        PyMem_Free(dst)
+        PyMem_Free(src)
+        PyMem_Free(size)
+        PyBuffer_Release(&view)
+
+
+def write_runs(int fd, list runs, Py_ssize_t skip_below) -> None:
+    """The twin of :func:`evq.backends.mmapfile.index_file.write_runs`: every write made in
+    one stretch without the GIL, where the reference gives it up and takes it back for each
+    (the broker's loop handed it over once a write).  A failed write raises its ``OSError``
+    after the runs before it were written, as the reference's does."""
+    cdef Py_ssize_t n = len(runs), k, got = 0
+    cdef Py_buffer* views = <Py_buffer*>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
+    cdef int64_t* ats = <int64_t*>PyMem_Malloc(max(n, 1) * sizeof(int64_t))
+    cdef int err = 0
+    try:
+        if views == NULL or ats == NULL:
+            raise MemoryError()
+        for k in range(n):
+            at, data = runs[k]
+            ats[k] = at
+            PyObject_GetBuffer(data, &views[k], 0)
+            got += 1
+        with nogil:
+            err = write_all(fd, views, ats, n, skip_below)
+    finally:
+        for k in range(got):
+            PyBuffer_Release(&views[k])
+        PyMem_Free(views)
+        PyMem_Free(ats)
+    if err:
+        raise OSError(err, os.strerror(err))
+
+
+cdef int write_all(int fd, Py_buffer* views, int64_t* ats, Py_ssize_t n,
+                   Py_ssize_t skip_below) noexcept nogil:
+    """Write each view at its offset, less what lies below ``skip_below``; 0, or the errno
+    of the write that failed (one interrupted by a signal is made again, as ``os.pwrite``
+    makes it)."""
+    cdef Py_ssize_t k, done, wrote
+    for k in range(n):
+        done = max(0, skip_below - ats[k])
+        while done < views[k].len:
+            wrote = pwrite(fd, <const char*>views[k].buf + done, views[k].len - done,
+                           ats[k] + done)
+            if wrote < 0:
+                if errno == EINTR:
+                    continue
+                return errno
+            done += wrote
+    return 0
 
 # --- the pull ----------------------------------------------------------------------------------
 
