@@ -102,7 +102,7 @@ async def test_unknown_topic_answers_javas_remark() -> None:
 async def test_compressed_registration() -> None:
     async with namesrv() as server, registrar([server], compressed=True):
         await eventually(lambda: routed(server))
-        assert server.routes.topics["T"]["broker-a"].write_queue_nums == 2
+        assert server.routes.queues("T")["broker-a"].write_queue_nums == 2
 
 
 async def test_slaves_learn_their_masters_address_and_ha_address() -> None:
