@@ -110,9 +110,12 @@ class BrokerIdentity:
 
 @attrs.frozen(slots=True)
 class DataVersion:
-    """Changes whenever the broker's topic table does.  A Java name server compares it to skip
-    re-reading an unchanged table; evq's applies every table it gets, so it only checks the
-    field decodes."""
+    """Changes whenever the broker's topic table does.  A name server, Java's and evq's,
+    compares it with the one it last applied for the broker's address and applies the table
+    only when it differs (:meth:`evq.net.routes.RouteTable.refresh`): most registrations are
+    heartbeats of an unchanged table.  A body without one reads as (0, 0) and is compared
+    like any other, where Java reads a new one (stamped now) and so applies every such
+    table; brokers always send one."""
 
     timestamp: int = 0
     counter: int = 0

@@ -87,6 +87,8 @@ class BrokerRegistrar:
             for addr in namesrv_addrs
         }
         self._data_version = DataVersion(clock.now_ms(), 0)
+        self._table: tuple[TopicConfig, ...] = ()
+        """The topic table :attr:`_data_version` stands for."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.master_addr: str | None = None
         """The master's address, once a name server told this (slave) broker."""
@@ -109,8 +111,9 @@ class BrokerRegistrar:
             link.task = loop.create_task(self._keep_registered(link))
 
     def register_now(self) -> None:
-        """Register with every name server now, with a new DataVersion: call it after the
-        topic table changed.  Safe from any thread; before :meth:`start` there is nothing to
+        """Register with every name server now: call it after the topic table changed (a
+        changed table goes with a new DataVersion whether this is called or not, at the next
+        period at the latest).  Safe from any thread; before :meth:`start` there is nothing to
         do, the first registration carries the table as it is then."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._topics_changed)
@@ -136,7 +139,6 @@ class BrokerRegistrar:
         await self.shutdown()
 
     def _topics_changed(self) -> None:
-        self._data_version = DataVersion(self._clock.now_ms(), self._data_version.counter + 1)
         for link in self._links.values():
             link.wake.set()
 
@@ -154,7 +156,15 @@ class BrokerRegistrar:
             delay = self._period
 
     async def _register(self, link: _Link) -> None:
-        body = RegisterBrokerBody(topics=tuple(self._topics()),
+        topics = tuple(self._topics())
+        # A name server applies a table only when its version moved, so the version moves
+        # with every change, announced or not (a DLQ topic a consumer's send-back made is
+        # not).  Configs left alone are the same objects, compared by identity at C speed.
+        if topics != self._table:
+            self._table = topics
+            self._data_version = DataVersion(self._clock.now_ms(),
+                                             self._data_version.counter + 1)
+        body = RegisterBrokerBody(topics=topics,
                                   data_version=self._data_version).encode(self._compressed)
         fields = self.identity.register_fields(body_crc32=body_crc32(body),
                                                compressed=self._compressed)

@@ -5,21 +5,38 @@ JSON shape the clients parse (§2.3.1).  Callers pass the time in, so expiry (12
 registration, scanned every 10 s) is tested by moving a number.
 
     cluster ──< broker name ──< broker id -> "ip:port"          (BrokerData)
-    topic   ──< broker name -> read/write queue nums, perm       (QueueData, master's view)
+    broker name ──< topic -> read/write queue nums, perm         (QueueData, master's view)
     "ip:port" -> last registration time, HA address, channel     (BrokerLive)
 
 Without an ACL anyone who reaches the port may register brokers and put KV config, so every
 table has a bound (:class:`RouteLimits`).  A write that would take a table past its bound is
-refused whole, before any of it is applied (:class:`TableFull`): a registration is never half a
-topic table.  What a broker's heartbeat re-sends is counted by its net growth only, so a broker
-already registered is never refused its heartbeat.  Dropping a broker costs its own slots and
-topics, found through two indexes (address -> its slots, broker name -> its topics), not a scan
-of the tables: a name server dropping many brokers of a big table must not stall its loop.
+refused whole, before any of it is applied (:class:`TableFull`).  What a broker's heartbeat
+re-sends is counted by its net growth only, so a broker already registered is never refused its
+heartbeat.  Dropping a broker costs its own slots and topics, found through an index
+(address -> its slots) and its own queue data, not a scan of the tables: a name server
+dropping many brokers of a big table must not stall its loop.
+
+The queue data are kept by broker, in a few large dicts, and a topic's index entry names its
+brokers in a tuple of strings.  CPython's cycle collector stops tracking such a tuple at its
+first collection, so a million topics add no object to the full collections, which hold the
+loop while they walk every object tracked: 25 ms at the bound, where a dict a topic (as
+topic -> broker -> queue data had) made one take 290 ms, and a large registration set several
+off.
+
+A registration costs the loop nothing per topic when its table's DataVersion is the one last
+applied for that address (:meth:`RouteTable.refresh`: every 30 s heartbeat of an unchanged
+broker), as in Java.  A changed table is applied by a :class:`Registering`, a few thousand
+topics a step, so that its owner can let the loop turn between steps: a table at the bound (a
+million topics, about a second of work) would otherwise hold every other client's lookups for
+that long.  The steps keep the tables and their indexes consistent at each step's end, and the
+bounds whole: the topics a registration adds are counted before any is applied, and it is
+refused, or admitted with all of them, in one step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Final
 
 import attrs
@@ -28,6 +45,7 @@ from evq import logs
 from evq.domain.codes import BrokerError, ResponseCode
 from evq.domain.config_json import camel
 from evq.domain.topics import TopicConfig
+from evq.net.register_broker import DataVersion
 
 log = logs.get_logger(__name__)
 
@@ -119,10 +137,15 @@ class QueueData:
 
 @attrs.define(slots=True)
 class BrokerLive:
+    """A live broker address.  A :class:`Registering` tells by this object's identity whether
+    the address it registers is still the one it admitted."""
+
     last_update_ms: int
     ha_server_addr: str
     channel: object
-    data_version: object = None
+    data_version: DataVersion | None = None
+    """The version of the last registration applied whole for this address (None: none yet,
+    or one still being applied): a registration with the same one is a heartbeat."""
 
 
 @attrs.frozen(slots=True)
@@ -134,6 +157,125 @@ class Registration:
     order_topic_config: dict[str, str]
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class Registrant:
+    """Who registers, and when: the REGISTER_BROKER header, the DataVersion of its topic
+    table (None: not known, so the table is always applied) and the connection it came on."""
+
+    cluster: str
+    broker_name: str
+    broker_addr: str
+    broker_id: int
+    ha_server_addr: str
+    now_ms: int
+    channel: object = None
+    data_version: DataVersion | None = None
+
+
+def queue_table(broker_name: str, broker_id: int,
+                topics: Iterable[TopicConfig]) -> dict[str, QueueData]:
+    """The queue data a registration's topic table puts in the tables: a master's topics, the
+    last config of a name winning (a compressed body may repeat one); none of a slave's, which
+    are not routed.  It reads no table, so a large one is built in the worker thread that
+    decodes the body, and a registration's step on the loop only stores what is built.
+
+    Topics of the same queue counts, perm and flag share one (immutable) QueueData: a broker's
+    table holds a few distinct ones, not one a topic.  Each would be one more object for the
+    cycle collector to walk at every full collection, which holds the GIL and so the loop, and
+    a changed table of a million new ones set such a collection off (370 ms at the bound, with
+    a QueueData and a dict a topic)."""
+    if broker_id != MASTER_ID:
+        return {}
+    shared: dict[tuple[int, int, int, int], QueueData] = {}
+    table = {}
+    for t in topics:
+        key = (t.read_queue_nums, t.write_queue_nums, t.perm, t.topic_sys_flag)
+        queue = shared.get(key)
+        if queue is None:
+            queue = shared[key] = QueueData(broker_name, *key)
+        table[t.topic_name] = queue
+    return table
+
+
+@attrs.define(slots=True, eq=False)
+class Registering:
+    """A registration under way (:meth:`RouteTable.start_register`), carried on by
+    :meth:`step`, at most ``most`` topics a call.  Its owner may run other calls on the tables
+    between steps (lookups, unregistrations, expiry, topic deletions), but not another
+    registration: the name server runs them one at a time.
+
+    First it counts the topics of its table the broker does not serve yet, reading only.  Then,
+    in one step, it is refused (:class:`TableFull`, nothing of it applied) or admitted: the
+    broker placed in its slot and cluster, its address live.  Then the queue data are taken
+    out of ``queues`` and stored, a step's worth at a time (the last topics first), so that
+    ``queues`` ends empty: freeing a million entries at once is one C call that holds the
+    loop for 90 ms.  A broker dropped meanwhile (unregistered, its connection closed) takes
+    what was stored of its table with it, and the rest is dropped, still a step at a time:
+    nothing is left served by a broker that is gone.  The address records the table's
+    version only once all of it is stored, so a registration stopped half-way is never taken
+    for a heartbeat.
+
+    The count may run stale while the loop turns: topics this broker serves that are deleted
+    during it count as held, though they are new when stored.  So the topics it lost while
+    being counted are counted back at admission: the bound is never passed, and at worst a
+    registration is refused for the room its own broker's topics left, which its next
+    heartbeat finds.
+    """
+
+    table: RouteTable
+    who: Registrant
+    queues: dict[str, QueueData]
+    _uncounted: Iterator[str] = attrs.field(init=False)
+    _served_at_start: int = attrs.field(init=False)
+    new_queues: int = attrs.field(default=0, init=False)
+    """Topics of the table not served by the broker when counted."""
+    live: BrokerLive | None = attrs.field(default=None, init=False)
+    """The address's live entry once admitted; None before."""
+    stored: int = attrs.field(default=0, init=False)
+    """Topics whose queue data are stored so far."""
+    result: Registration | None = attrs.field(default=None, init=False)
+    """The answer, once complete."""
+
+    def __attrs_post_init__(self) -> None:
+        self._uncounted = iter(self.queues)
+        self._served_at_start = len(self.table.served.get(self.who.broker_name, ()))
+
+    def step(self, most: int) -> bool:
+        """Carry the registration on by up to ``most`` topics; True once it is complete.
+        Raises :class:`TableFull`, having applied nothing of it, at the step that admits."""
+        table, name = self.table, self.who.broker_name
+        if self.live is None:
+            counting = list(islice(self._uncounted, most))
+            if counting:
+                served = table.served.get(name, {})
+                self.new_queues += len(counting) - sum(map(served.__contains__, counting))
+                return False
+            lost = self._served_at_start - len(table.served.get(name, ()))
+            self.live = table._admit(self.who, self.new_queues + lost)
+        ours = table.live.get(self.who.broker_addr) is self.live
+        queues = self.queues
+        taken = dict(queues.popitem() for _ in range(min(most, len(queues))))
+        if taken:
+            if ours:
+                table._serve(name, taken)
+                self.stored += len(taken)
+            return False
+        if ours:
+            self.live.data_version = self.who.data_version
+        else:
+            log.info("broker_dropped_while_registering", broker=name, addr=self.who.broker_addr,
+                     stored=self.stored)
+        self.result = table._answer(name, self.who.broker_id)
+        return True
+
+    def finish(self) -> Registration:
+        """Run the registration to its end at once (nothing may run between its steps)."""
+        while not self.step(len(self.queues) + 1):
+            pass
+        assert self.result is not None
+        return self.result
+
+
 class RouteTable:
     """The tables, their indexes and their bounds (``limits``, the defaults unless given)."""
 
@@ -141,12 +283,12 @@ class RouteTable:
         self.limits = RouteLimits() if limits is None else limits
         self.brokers: dict[str, BrokerData] = {}  # broker name ->
         self.clusters: dict[str, set[str]] = {}  # cluster -> broker names
-        self.topics: dict[str, dict[str, QueueData]] = {}  # topic -> broker name ->
+        self.served: dict[str, dict[str, QueueData]] = {}  # broker name -> topic ->
         self.live: dict[str, BrokerLive] = {}  # broker addr ->
         self.kv: dict[str, dict[str, str]] = {}  # namespace -> key -> value
         # The indexes: each is the inverse of a table above, kept with it.
-        self.served: dict[str, set[str]] = {}
-        """Broker name -> the topics it has queue data of (``topics`` inverted)."""
+        self.topics: dict[str, tuple[str, ...]] = {}
+        """Topic -> the broker names with queue data of it (``served`` inverted)."""
         self.slots: dict[str, set[tuple[str, int]]] = {}
         """Broker address -> the (broker name, id) slots of ``brokers`` holding it."""
         self.listed: dict[str, set[str]] = {}
@@ -159,56 +301,109 @@ class RouteTable:
         self.listing_version = 0
         """Moves on whenever a topic list could change (a topic served or no longer, a broker
         listed in a cluster or no longer): answers built from them are kept until it does."""
+        # What registrations cost, for metrics: each one not refused is one or the other.
+        self.applied = 0
+        """Registrations admitted to apply their table (:meth:`start_register`)."""
+        self.heartbeats = 0
+        """Registrations that only refreshed a broker (:meth:`refresh`)."""
 
     # --- brokers --------------------------------------------------------------------------
 
     def register(
         self, *, cluster: str, broker_name: str, broker_addr: str, broker_id: int,
         ha_server_addr: str, topics: Iterable[TopicConfig], now_ms: int,
-        channel: object = None,
+        channel: object = None, data_version: DataVersion | None = None,
     ) -> Registration:
-        """Apply a registration, or raise :class:`TableFull` having applied none of it."""
-        data = self.brokers.get(broker_name)
-        moved = [i for name, i in self.slots.get(broker_addr, ())
-                 if name == broker_name and i != broker_id]
+        """Apply a registration whole, or raise :class:`TableFull` having applied none of it.
+        A heartbeat of an unchanged table (``data_version``) only refreshes the broker."""
+        who = Registrant(cluster=cluster, broker_name=broker_name, broker_addr=broker_addr,
+                         broker_id=broker_id, ha_server_addr=ha_server_addr, now_ms=now_ms,
+                         channel=channel, data_version=data_version)
+        heartbeat = self.refresh(who)
+        if heartbeat is not None:
+            return heartbeat
+        return self.start_register(who, queue_table(broker_name, broker_id, topics)).finish()
+
+    def refresh(self, who: Registrant) -> Registration | None:
+        """Answer a registration that changes nothing but the broker's liveness, at a cost
+        that does not grow with its table; None when it must be applied (:meth:`start_register`).
+
+        That is Java's rule: a table whose DataVersion is the one last applied for the address
+        is not read again.  Here the address must also be live and hold the same slot (broker
+        name and id) in the same cluster: a broker that moved, or came back after it was
+        dropped, is applied whole.  A topic deleted here since (:meth:`delete_topic`) stays
+        deleted until the broker's table changes, as in Java."""
+        live = self.live.get(who.broker_addr)
+        data = self.brokers.get(who.broker_name)
+        if (live is None or live.data_version is None or live.data_version != who.data_version
+                or data is None or data.addrs.get(who.broker_id) != who.broker_addr
+                or who.cluster not in self.listed[who.broker_name]):
+            return None
+        live.last_update_ms, live.ha_server_addr, live.channel = (
+            who.now_ms, who.ha_server_addr, who.channel)
+        self.heartbeats += 1
+        return self._answer(who.broker_name, who.broker_id)
+
+    def start_register(self, who: Registrant, queues: dict[str, QueueData]) -> Registering:
+        """Begin a registration of the queue data ``queues`` (:func:`queue_table`), to be
+        carried on by :meth:`Registering.step`; one at a time."""
+        return Registering(self, who, queues)
+
+    def _admit(self, who: Registrant, new_queues: int) -> BrokerLive:
+        """Place a registering broker, its topics left to store, or raise :class:`TableFull`
+        if what it adds, ``new_queues`` topic queues with it, would pass a bound."""
+        name, addr, broker_id = who.broker_name, who.broker_addr, who.broker_id
+        data = self.brokers.get(name)
+        moved = [i for n, i in self.slots.get(addr, ()) if n == name and i != broker_id]
         self._check_addresses(
-            live=broker_addr not in self.live,
+            live=addr not in self.live,
             slots=(data is None or broker_id not in data.addrs) - len(moved),
-            listings=cluster not in self.listed.get(broker_name, ()))
-        # A master's topics, the last config of a name winning (a compressed body may repeat
-        # one): only names it does not serve yet grow the table.
-        latest = {t.topic_name: t for t in topics} if broker_id == MASTER_ID else {}
-        new_queues = len(latest.keys() - self.served.get(broker_name, set()))
+            listings=who.cluster not in self.listed.get(name, ()))
         if self.queue_count + new_queues > self.limits.max_topic_queues:
             raise TableFull(MAX_TOPIC_QUEUES, self.limits.max_topic_queues,
                             f"the name server holds {self.queue_count} topic queues and "
-                            f"{broker_name}'s registration adds {new_queues}, past its most, "
+                            f"{name}'s registration adds {new_queues}, past its most, "
                             f"{self.limits.max_topic_queues} ({MAX_TOPIC_QUEUES})")
 
-        listing = self.listed.setdefault(broker_name, set())
-        if cluster not in listing:
-            listing.add(cluster)
-            self.clusters.setdefault(cluster, set()).add(broker_name)
+        listing = self.listed.setdefault(name, set())
+        if who.cluster not in listing:
+            listing.add(who.cluster)
+            self.clusters.setdefault(who.cluster, set()).add(name)
             self.listing_count += 1
             self.listing_version += 1
         if data is None:
-            data = self.brokers[broker_name] = BrokerData(cluster, broker_name)
+            data = self.brokers[name] = BrokerData(who.cluster, name)
         for other_id in moved:  # a slave became master (or back)
             self._unplace(data, other_id)
-        first = broker_addr not in self.live
-        self._place(data, broker_id, broker_addr)
-        for name, t in latest.items():
-            self.topics.setdefault(name, {})[broker_name] = QueueData(
-                broker_name, t.read_queue_nums, t.write_queue_nums, t.perm, t.topic_sys_flag)
-        if new_queues:
-            self.served.setdefault(broker_name, set()).update(latest)
-            self.queue_count += new_queues
-            self.listing_version += 1
-        self.live[broker_addr] = BrokerLive(now_ms, ha_server_addr, channel)
+        first = addr not in self.live
+        self._place(data, broker_id, addr)
+        live = self.live[addr] = BrokerLive(who.now_ms, who.ha_server_addr, who.channel)
+        self.applied += 1
         if first:
-            log.info("broker_registered", cluster=cluster, broker=broker_name, id=broker_id,
-                     addr=broker_addr)
-        master = data.addrs.get(MASTER_ID)
+            log.info("broker_registered", cluster=who.cluster, broker=name, id=broker_id,
+                     addr=addr)
+        return live
+
+    def _serve(self, broker_name: str, queues: dict[str, QueueData]) -> None:
+        """Store ``broker_name``'s queue data of some topics (at least one).  It makes no
+        object a topic that the cycle collector keeps tracking (see the module's docstring):
+        a (topic, queue data) pair a topic, living only a step, still set off a full
+        collection every few steps."""
+        served = self.served.setdefault(broker_name, {})
+        added = [topic for topic in queues if topic not in served]
+        served.update(queues)
+        topics = self.topics
+        alone = (broker_name,)
+        for topic in added:
+            names = topics.get(topic)
+            topics[topic] = alone if names is None else (*names, broker_name)
+        if added:
+            self.queue_count += len(added)
+            self.listing_version += 1
+
+    def _answer(self, broker_name: str, broker_id: int) -> Registration:
+        data = self.brokers.get(broker_name)
+        master = None if data is None else data.addrs.get(MASTER_ID)
         if broker_id != MASTER_ID and master is not None and master in self.live:
             return Registration(master, self.live[master].ha_server_addr, self.order_topics())
         return Registration(None, None, self.order_topics())
@@ -288,14 +483,15 @@ class RouteTable:
 
     def _unserve(self, topic: str, broker_name: str) -> None:
         """Remove ``broker_name``'s queue data of ``topic``, and the topic if none is left."""
-        queues = self.topics[topic]
-        del queues[broker_name]
-        if not queues:
-            del self.topics[topic]
         served = self.served[broker_name]
-        served.remove(topic)
+        del served[topic]
         if not served:
             del self.served[broker_name]
+        names = tuple(name for name in self.topics[topic] if name != broker_name)
+        if names:
+            self.topics[topic] = names
+        else:
+            del self.topics[topic]
         self.queue_count -= 1
         self.listing_version += 1
 
@@ -311,18 +507,20 @@ class RouteTable:
 
     # --- lookups ----------------------------------------------------------------------------
 
+    def queues(self, topic: str) -> dict[str, QueueData]:
+        """``topic``'s queue data by broker name, in name order; none for an unknown topic."""
+        return {name: self.served[name][topic] for name in sorted(self.topics.get(topic, ()))}
+
     def route(self, topic: str) -> dict[str, object] | None:
         """TopicRouteData for ``topic``; None unless it has queue data and a broker."""
-        queues = self.topics.get(topic)
-        if not queues:
-            return None
-        brokers = [self.brokers[name] for name in sorted(queues) if name in self.brokers]
+        queues = self.queues(topic)
+        brokers = [self.brokers[name] for name in queues if name in self.brokers]
         if not brokers:
             return None
         route: dict[str, object] = {
             "brokerDatas": [b.to_json() for b in brokers],
             "filterServerTable": {},
-            "queueDatas": [queues[name].to_json() for name in sorted(queues)],
+            "queueDatas": [queue.to_json() for queue in queues.values()],
         }
         order_conf = self.kv.get(ORDER_TOPIC_CONFIG, {}).get(topic)
         if order_conf:
@@ -350,10 +548,13 @@ class RouteTable:
         return list(set().union(*(self.served.get(name, ()) for name in names)))
 
     def delete_topic(self, topic: str, cluster: str | None = None) -> None:
-        """Drop ``topic``'s queue data: all of it, or that of ``cluster``'s brokers."""
-        queues = self.topics.get(topic, {})
-        names = queues.keys() if cluster is None else queues.keys() & self.clusters.get(cluster, ())
-        for name in list(names):
+        """Drop ``topic``'s queue data: all of it, or that of ``cluster``'s brokers.  A broker
+        that still has the topic serves it again only once its table changes: its heartbeats
+        of the same DataVersion are not applied (:meth:`refresh`), as in Java."""
+        names = set(self.topics.get(topic, ()))
+        if cluster is not None:
+            names &= self.clusters.get(cluster, set())
+        for name in names:
             self._unserve(topic, name)
 
     # --- KV config ----------------------------------------------------------------------------

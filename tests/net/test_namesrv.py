@@ -23,7 +23,7 @@ from evq.net.codes import RequestCode, Version
 from evq.net.headers.namesrv import GetRouteInfoRequest
 from evq.net.namesrv import NameServer
 from evq.net.protocol import RemotingCommand
-from evq.net.register_broker import BrokerIdentity, RegisterBrokerBody, body_crc32
+from evq.net.register_broker import BrokerIdentity, DataVersion, RegisterBrokerBody, body_crc32
 from evq.net.registration import BrokerRegistrar
 from evq.net.routes import ORDER_TOPIC_CONFIG, RouteLimits
 from evq.net.transport import Connection, Dispatcher, RemotingClient, RemotingServer, split_address
@@ -102,7 +102,7 @@ async def test_unknown_topic_answers_javas_remark() -> None:
 async def test_compressed_registration() -> None:
     async with namesrv() as server, registrar([server], compressed=True):
         await eventually(lambda: routed(server))
-        assert server.routes.topics["T"]["broker-a"].write_queue_nums == 2
+        assert server.routes.queues("T")["broker-a"].write_queue_nums == 2
 
 
 async def test_slaves_learn_their_masters_address_and_ha_address() -> None:
@@ -128,6 +128,34 @@ async def test_register_now_sends_a_changed_topic_table_at_once() -> None:
         table.append(TopicConfig(topic_name="NEW", read_queue_nums=1, write_queue_nums=1))
         broker.register_now()
         await eventually(lambda: routed(server, "NEW"))
+
+
+async def test_the_data_version_moves_with_every_table_change_announced_or_not() -> None:
+    """A name server applies a table only when its DataVersion moved, so it moves whenever
+    the table does, without register_now too (a DLQ topic a consumer's send-back makes)."""
+    sent: dict[frozenset[str], set[DataVersion]] = {}  # table -> the versions it went with
+
+    async def record(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        body = RegisterBrokerBody.decode(cmd.body)
+        sent.setdefault(frozenset(t.topic_name for t in body.topics), set()).add(
+            body.data_version)
+        return cmd.response()
+
+    server = RemotingServer(HOST, 0, Dispatcher({RequestCode.REGISTER_BROKER: record}))
+    await server.start()
+    table = [T]
+    try:
+        async with registrar([server.address], topics=table, period=0.01):
+            await eventually(lambda: len(sent) == 1)
+            table.append(TopicConfig(topic_name="DLQ"))
+            await eventually(lambda: len(sent) == 2)
+            table.pop()
+            await eventually(lambda: len(sent[frozenset({"T"})]) == 2)  # as it was before
+    finally:
+        await server.shutdown(grace=0.1)
+    (changed,) = sent[frozenset({"T", "DLQ"})]
+    first, last = sorted(v.counter for v in sent[frozenset({"T"})])
+    assert first < changed.counter < last
 
 
 async def test_every_name_server_gets_the_registration() -> None:

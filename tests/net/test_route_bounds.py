@@ -4,16 +4,27 @@ never is, and dropping brokers costs what they hold, not what the table holds.""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from evq.domain.codes import ResponseCode
 from evq.domain.topics import TopicConfig
-from evq.net.routes import BROKER_EXPIRED_MS, QueueData, RouteLimits, RouteTable, TableFull
+from evq.net.register_broker import DataVersion
+from evq.net.routes import (
+    BROKER_EXPIRED_MS,
+    QueueData,
+    Registering,
+    Registrant,
+    RouteLimits,
+    RouteTable,
+    TableFull,
+    queue_table,
+)
 
 
 def topics(*names: str, queues: int = 4) -> list[TopicConfig]:
@@ -30,6 +41,35 @@ def register(rt: RouteTable, name: str = "a", port: int = 1, *, broker_id: int =
 def state(rt: RouteTable) -> dict[str, Any]:
     """Everything the table holds, indexes and counts too, as a copy to compare with later."""
     return copy.deepcopy(vars(rt))
+
+
+def check_tables(rt: RouteTable) -> None:
+    """The counts are the tables' sizes and the indexes exactly their tables inverted."""
+    assert rt.slot_count == sum(len(b.addrs) for b in rt.brokers.values())
+    assert rt.listing_count == sum(len(names) for names in rt.clusters.values())
+    assert rt.queue_count == sum(len(q) for q in rt.served.values())
+    assert rt.kv_count == sum(max(1, len(t)) for t in rt.kv.values())
+    topics: dict[str, set[str]] = {}
+    for name, served in rt.served.items():
+        assert served, name  # no broker name without queue data
+        for topic, queue in served.items():
+            assert queue.broker_name == name
+            topics.setdefault(topic, set()).add(name)
+    assert {topic: set(names) for topic, names in rt.topics.items()} == topics
+    assert all(len(set(names)) == len(names) for names in rt.topics.values())
+    slots: dict[str, set[tuple[str, int]]] = {}
+    for name, data in rt.brokers.items():
+        assert data.addrs, name  # no broker name without an address
+        for broker_id, addr in data.addrs.items():
+            slots.setdefault(addr, set()).add((name, broker_id))
+    assert rt.slots == slots
+    listed: dict[str, set[str]] = {}
+    for cluster, names in rt.clusters.items():
+        assert names, cluster
+        for name in names:
+            listed.setdefault(name, set()).add(cluster)
+    assert rt.listed == listed
+    assert set(listed) == set(rt.brokers) and set(rt.served) <= set(rt.brokers)
 
 
 def refused(rt: RouteTable, setting: str, write: Any) -> TableFull:
@@ -121,12 +161,12 @@ def test_the_topic_queue_bound_counts_net_growth_and_refuses_a_registration_whol
                   lambda: register(rt, "b", 2, serves=topics("T1", "T2", queues=8)))
     assert exc.remark == ("the name server holds 4 topic queues and b's registration adds 1, "
                           "past its most, 4 (maxTopicQueues)")
-    assert rt.topics["T1"]["b"].read_queue_nums == 4
+    assert rt.queues("T1")["b"].read_queue_nums == 4
     # Heartbeats at the bound: the same table, a changed one, a smaller one, then all again.
     register(rt, "a", 1, serves=topics("T1", "T2", "T3", queues=8))
     register(rt, "a", 1, serves=topics("T1"))
     register(rt, "a", 1, serves=topics("T3", "T2", "T1"))
-    assert rt.topics["T3"]["a"].read_queue_nums == 4 and rt.queue_count == 4
+    assert rt.queues("T3")["a"].read_queue_nums == 4 and rt.queue_count == 4
     # A slave's table is not routed, so it does not count.
     register(rt, "a", 3, broker_id=1, serves=topics("S1", "S2"))
     # Room made by deleting a topic is room for one more, not two.
@@ -137,10 +177,29 @@ def test_the_topic_queue_bound_counts_net_growth_and_refuses_a_registration_whol
     assert rt.topic_list() == ["T1", "T2", "V1"] and rt.queue_count == 4
 
 
+def test_topics_a_broker_lost_while_its_table_was_counted_are_counted_back() -> None:
+    """Counted a step at a time, a table finds B1 held; B1 is deleted before the count ends,
+    and so is new when stored.  Admitted on its count alone (one new queue, to 2 + 1 = 3),
+    it would store two and pass the bound; counted back, it is refused, as it would be
+    whole: nothing of it applied."""
+    rt = RouteTable(RouteLimits(max_topic_queues=3))
+    register(rt, "a", 1, serves=topics("A1", "A2"))
+    register(rt, "b", 2, serves=topics("B1"))
+    who = Registrant(cluster="C", broker_name="b", broker_addr="h:2", broker_id=0,
+                     ha_server_addr="", now_ms=0)
+    registering = rt.start_register(who, queue_table("b", 0, topics("B1", "B2")))
+    assert registering.step(1) is False  # B1: held
+    rt.delete_topic("B1")
+    assert registering.step(1) is False  # B2: new
+    exc = refused(rt, "maxTopicQueues", lambda: registering.step(1))
+    assert exc.remark == ("the name server holds 2 topic queues and b's registration adds 2, "
+                          "past its most, 3 (maxTopicQueues)")
+
+
 def test_a_repeated_topic_in_one_table_is_one_queue() -> None:
     rt = RouteTable(RouteLimits(max_topic_queues=1))
     register(rt, "a", 1, serves=[*topics("T"), *topics("T", queues=8)])
-    assert rt.topics == {"T": {"a": QueueData("a", 8, 8, 6)}} and rt.queue_count == 1
+    assert rt.served == {"a": {"T": QueueData("a", 8, 8, 6)}} and rt.queue_count == 1
 
 
 # --- KV config ---------------------------------------------------------------------------------
@@ -241,12 +300,16 @@ CHANNELS = ["k1", "k2"]
 TOPICS = ["T1", "T2", "T3", "T4"]
 
 
+VERSIONS = [None, DataVersion(0, 1), DataVersion(0, 2)]
+
+
 class Model:
     """The tables as plainly as they can be said: whole-table scans, no indexes, no counts
     kept; a write past a bound is found by applying it to a copy and counting."""
 
     def __init__(self) -> None:
         self.live: dict[str, tuple[int, str]] = {}  # addr -> (time, channel)
+        self.versions: dict[str, DataVersion] = {}  # addr -> that of the last table applied
         self.slots: dict[tuple[str, int], str] = {}  # (name, id) -> addr
         self.cluster_of: dict[str, str] = {}  # name -> the cluster it first registered in
         self.listings: set[tuple[str, str]] = set()  # (cluster, name)
@@ -261,19 +324,45 @@ class Model:
                 and all(len(f"{ns}{k}{v}".encode()) <= limits.max_kv_bytes
                         for ns, t in self.kv.items() for k, v in t.items()))
 
-    def register(self, cluster: str, name: str, addr: str, broker_id: int,
-                 serves: list[TopicConfig], now: int, channel: str) -> None:
+    def heartbeat(self, cluster: str, name: str, addr: str, broker_id: int,
+                  version: DataVersion | None, now: int, channel: str) -> bool:
+        """Refresh the broker if the registration is a heartbeat: its version that of the
+        last table applied for its address, live in the same slot and cluster."""
+        if (version is None or self.versions.get(addr) != version
+                or self.slots.get((name, broker_id)) != addr
+                or (cluster, name) not in self.listings):
+            return False
+        self.live[addr] = (now, channel)
+        return True
+
+    def admit(self, cluster: str, name: str, addr: str, broker_id: int, now: int,
+              channel: str) -> None:
+        """A registration's all but its topics."""
         self.listings.add((cluster, name))
         if not any(n == name for n, _ in self.slots):
             self.cluster_of[name] = cluster
         for slot in [s for s, a in self.slots.items() if s[0] == name and a == addr]:
             del self.slots[slot]
         self.slots[name, broker_id] = addr
-        if broker_id == 0:
-            for t in serves:
-                self.queues[t.topic_name, name] = QueueData(
-                    name, t.read_queue_nums, t.write_queue_nums, t.perm, t.topic_sys_flag)
         self.live[addr] = (now, channel)
+        self.versions.pop(addr, None)
+
+    def store(self, name: str, serves: Iterable[TopicConfig]) -> None:
+        for t in serves:
+            self.queues[t.topic_name, name] = QueueData(
+                name, t.read_queue_nums, t.write_queue_nums, t.perm, t.topic_sys_flag)
+
+    def register(self, cluster: str, name: str, addr: str, broker_id: int,
+                 serves: list[TopicConfig], now: int, channel: str,
+                 version: DataVersion | None = None) -> None:
+        self.admit(cluster, name, addr, broker_id, now, channel)
+        if broker_id == 0:
+            self.store(name, serves)
+        if version is not None:
+            self.versions[addr] = version
+
+    def served_by(self, name: str) -> set[str]:
+        return {t for t, n in self.queues if n == name}
 
     def drop(self, name: str, broker_id: int) -> None:
         del self.slots[name, broker_id]
@@ -285,6 +374,7 @@ class Model:
 
     def drop_addr(self, addr: str) -> None:
         self.live.pop(addr, None)
+        self.versions.pop(addr, None)
         for slot in [s for s, a in self.slots.items() if a == addr]:
             self.drop(*slot)
 
@@ -306,16 +396,37 @@ class Model:
                 for c in sorted({c for c, _ in self.listings})}
 
 
+@attrs.define
+class Pending:
+    """A registration under way, as :class:`RouteTableModel` follows it."""
+
+    who: Registrant
+    table: dict[str, TopicConfig]  # a master's topics by name, the last config winning
+    registering: Registering
+    served: set[str]  # the topics its broker served when it began
+    taken: set[str] = attrs.field(factory=set)  # the topics its steps took (stored or dropped)
+
+
+registrations = {"cluster": st.sampled_from(CLUSTERS), "name": st.sampled_from(NAMES),
+                 "addr": st.sampled_from(ADDRS), "broker_id": st.sampled_from([0, 0, 1]),
+                 "serves": st.lists(st.sampled_from(TOPICS), max_size=4),
+                 "queues": st.integers(1, 2), "channel": st.sampled_from(CHANNELS),
+                 "version": st.sampled_from(VERSIONS)}
+
+
 class RouteTableModel(RuleBasedStateMachine):
-    """Registrations, unregistrations, expiry, closed channels, topic deletion and KV writes
-    with small bounds, against :class:`Model`: the same refusals, the same routes, and indexes
-    that are exactly their tables inverted."""
+    """Registrations (whole, or a step at a time with any other write between steps),
+    heartbeats, unregistrations, expiry, closed channels, topic deletion and KV writes with
+    small bounds, against :class:`Model`: the same refusals, the same routes, and indexes
+    that are exactly their tables inverted after every call."""
 
     def __init__(self) -> None:
         super().__init__()
         self.rt = RouteTable(LIMITS)
         self.model = Model()
         self.now = 0
+        self.pending: Pending | None = None
+        self.last: dict[str, Any] | None = None  # the last registration sent
 
     def apply(self, write: Any, model_write: Any) -> None:
         """``write`` to the table, ``model_write`` to a copy of the model: the table refuses
@@ -331,18 +442,90 @@ class RouteTableModel(RuleBasedStateMachine):
                 write()
             assert state(self.rt) == before
 
-    @rule(cluster=st.sampled_from(CLUSTERS), name=st.sampled_from(NAMES),
-          addr=st.sampled_from(ADDRS), broker_id=st.sampled_from([0, 0, 1]),
-          serves=st.lists(st.sampled_from(TOPICS), max_size=4),
-          queues=st.integers(1, 2), channel=st.sampled_from(CHANNELS))
+    @precondition(lambda self: self.pending is None)  # the name server's lock
+    @rule(**registrations)
     def register(self, cluster: str, name: str, addr: str, broker_id: int, serves: list[str],
-                 queues: int, channel: str) -> None:
+                 queues: int, channel: str, version: DataVersion | None) -> None:
+        self.last = {k: v for k, v in locals().items() if k in registrations}
         table = topics(*serves, queues=queues)
+        heartbeats = self.rt.heartbeats
+        heartbeat = copy.deepcopy(self.model).heartbeat(cluster, name, addr, broker_id, version,
+                                                        self.now, channel)
         self.apply(
             lambda: self.rt.register(cluster=cluster, broker_name=name, broker_addr=addr,
                                      broker_id=broker_id, ha_server_addr="", topics=table,
-                                     now_ms=self.now, channel=channel),
-            lambda m: m.register(cluster, name, addr, broker_id, table, self.now, channel))
+                                     now_ms=self.now, channel=channel, data_version=version),
+            lambda m: m.heartbeat(cluster, name, addr, broker_id, version, self.now, channel)
+            or m.register(cluster, name, addr, broker_id, table, self.now, channel, version))
+        assert self.rt.heartbeats == heartbeats + heartbeat
+
+    @precondition(lambda self: self.pending is None)
+    @rule(**registrations)
+    def begin(self, cluster: str, name: str, addr: str, broker_id: int, serves: list[str],
+              queues: int, channel: str, version: DataVersion | None) -> None:
+        """What the name server does: a heartbeat at once, else a registration in steps."""
+        self.last = {k: v for k, v in locals().items() if k in registrations}
+        table = topics(*serves, queues=queues)
+        who = Registrant(cluster=cluster, broker_name=name, broker_addr=addr,
+                         broker_id=broker_id, ha_server_addr="", now_ms=self.now,
+                         channel=channel, data_version=version)
+        heartbeat = self.rt.refresh(who)
+        assert (heartbeat is not None) == self.model.heartbeat(cluster, name, addr, broker_id,
+                                                               version, self.now, channel)
+        if heartbeat is None:
+            self.pending = Pending(
+                who, {t.topic_name: t for t in table} if broker_id == 0 else {},
+                self.rt.start_register(who, queue_table(name, broker_id, table)),
+                self.model.served_by(name))
+
+    @precondition(lambda self: self.pending is None and self.last is not None)
+    @rule(in_steps=st.booleans(), serves=st.none() | registrations["serves"])
+    def again(self, in_steps: bool, serves: list[str] | None) -> None:
+        """The last registration sent again (a broker's heartbeat), its table changed or not
+        (a broker that does not move its version when it should)."""
+        assert self.last is not None
+        sent = {**self.last, "serves": self.last["serves"] if serves is None else serves}
+        (self.begin if in_steps else self.register)(**sent)
+
+    def fits_whole(self, p: Pending) -> bool:
+        """Whether ``p``'s registration, applied whole now, leaves the model within bounds."""
+        after = copy.deepcopy(self.model)
+        w = p.who
+        after.register(w.cluster, w.broker_name, w.broker_addr, w.broker_id,
+                       list(p.table.values()), w.now_ms, str(w.channel))
+        return after.fits(LIMITS)
+
+    @precondition(lambda self: self.pending is not None)
+    @rule(most=st.integers(1, 3))
+    def step(self, most: int) -> None:
+        p = self.pending
+        assert p is not None
+        w = p.who
+        admitted = p.registering.live is not None
+        before = state(self.rt)
+        try:
+            done = p.registering.step(most)
+        except TableFull:
+            assert state(self.rt) == before
+            # Refused only if it does not fit, or if its broker lost topics while it was
+            # counted (then it may count them back, conservatively).
+            assert not self.fits_whole(p) or p.served - self.model.served_by(w.broker_name)
+            self.pending = None
+            return
+        if not admitted and p.registering.live is not None:
+            assert self.fits_whole(p)  # admitted: it fits
+            self.model.admit(w.cluster, w.broker_name, w.broker_addr, w.broker_id, w.now_ms,
+                             str(w.channel))
+        taken = p.table.keys() - p.registering.queues.keys() - p.taken
+        p.taken |= taken
+        ours = w.broker_addr in self.model.live  # dropped since admitted, or not
+        if ours:
+            self.model.store(w.broker_name, (p.table[name] for name in taken))
+        if done:
+            assert p.taken == p.table.keys()
+            if ours and w.data_version is not None:
+                self.model.versions[w.broker_addr] = w.data_version
+            self.pending = None
 
     @rule(cluster=st.sampled_from(CLUSTERS), name=st.sampled_from(NAMES),
           addr=st.sampled_from(ADDRS), broker_id=st.sampled_from([0, 1]))
@@ -385,39 +568,20 @@ class RouteTableModel(RuleBasedStateMachine):
         self.model.kv.get(namespace, {}).pop(key, None)
 
     @invariant()
-    def counts_are_the_tables_sizes_and_within_the_bounds(self) -> None:
+    def a_registration_admitted_holds_the_address_live(self) -> None:
+        p = self.pending
+        if p is not None and p.registering.live is not None:
+            live = self.rt.live.get(p.who.broker_addr)
+            assert (live is p.registering.live) == (p.who.broker_addr in self.model.live)
+
+    @invariant()
+    def counts_and_indexes_are_the_tables_and_within_the_bounds(self) -> None:
         rt = self.rt
-        assert rt.slot_count == sum(len(b.addrs) for b in rt.brokers.values())
-        assert rt.listing_count == sum(len(names) for names in rt.clusters.values())
-        assert rt.queue_count == sum(len(q) for q in rt.topics.values())
-        assert rt.kv_count == sum(max(1, len(t)) for t in rt.kv.values())
+        check_tables(rt)
         most = LIMITS.max_broker_addresses
         assert max(len(rt.live), rt.slot_count, rt.listing_count) <= most
         assert rt.queue_count <= LIMITS.max_topic_queues
         assert rt.kv_count <= LIMITS.max_kv_entries
-
-    @invariant()
-    def indexes_are_their_tables_inverted(self) -> None:
-        rt = self.rt
-        served: dict[str, set[str]] = {}
-        for topic, queues in rt.topics.items():
-            assert queues, topic  # no topic without queue data
-            for name in queues:
-                served.setdefault(name, set()).add(topic)
-        assert rt.served == served
-        slots: dict[str, set[tuple[str, int]]] = {}
-        for name, data in rt.brokers.items():
-            assert data.addrs, name  # no broker name without an address
-            for broker_id, addr in data.addrs.items():
-                slots.setdefault(addr, set()).add((name, broker_id))
-        assert rt.slots == slots
-        listed: dict[str, set[str]] = {}
-        for cluster, names in rt.clusters.items():
-            assert names, cluster
-            for name in names:
-                listed.setdefault(name, set()).add(cluster)
-        assert rt.listed == listed
-        assert set(listed) == set(rt.brokers) and set(served) <= set(rt.brokers)
 
     @invariant()
     def routes_and_clusters_are_the_models(self) -> None:

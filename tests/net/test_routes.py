@@ -102,3 +102,12 @@ def test_topics_by_cluster() -> None:
     assert rt.topics_by_cluster("C") == ["T"]
     assert rt.topics_by_cluster("D") == ["U"]
     assert rt.topics_by_cluster("NONE") == []
+
+
+def test_a_table_without_a_version_is_applied_at_every_registration() -> None:
+    """Only a version the address had applied makes a registration a heartbeat."""
+    rt = RouteTable()
+    register(rt)
+    rt.delete_topic("T")
+    register(rt)
+    assert rt.route("T") is not None and (rt.applied, rt.heartbeats) == (2, 0)
