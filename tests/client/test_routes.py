@@ -60,7 +60,7 @@ def test_a_name_server_route_reads_back_as_the_same_queue_data() -> None:
     answer = table.route("T")
     assert answer is not None
     route = TopicRoute.from_body("T", json.dumps(answer).encode())
-    assert route.queue_datas == tuple(table.topics["T"].values())
+    assert route.queue_datas == tuple(table.queues("T").values())
     assert route.queue_datas == (QueueData("b", 3, 2, 6, 1),)
 
 
