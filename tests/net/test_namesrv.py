@@ -54,8 +54,8 @@ def registrar(servers: list[NameServer] | list[str], identity: BrokerIdentity = 
 
 
 async def ask(client: RemotingClient, code: int, fields: Mapping[str, object] | None = None,
-              body: bytes = b"") -> RemotingCommand:
-    return await client.invoke(RemotingCommand.request(code, fields, body), TIMEOUT)
+              body: bytes = b"", timeout: float = TIMEOUT) -> RemotingCommand:
+    return await client.invoke(RemotingCommand.request(code, fields, body), timeout)
 
 
 async def route(client: RemotingClient, topic: str = "T") -> dict[str, object] | None:

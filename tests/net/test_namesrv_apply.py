@@ -36,13 +36,19 @@ V1, V2 = DataVersion(1700000000000, 1), DataVersion(1700000000000, 2)
 U = TopicConfig(topic_name="U", read_queue_nums=2, write_queue_nums=2)
 
 
+LARGE_TABLE_TIMEOUT = 120.0
+"""How long a registration of a large table may take to be answered: its decoding alone takes
+seconds of a worker thread at 200,000 topics, and more on a machine whose two cores run
+other tests too.  What the tests bound is the loop's stall, not this."""
+
+
 async def register(client: RemotingClient, identity: BrokerIdentity = MASTER,
                    topics: tuple[TopicConfig, ...] = (T,), version: DataVersion = V1,
                    *, compressed: bool = False) -> RegisterResult:
     body = RegisterBrokerBody(topics=topics, data_version=version)
     answer = await ask(client, RequestCode.REGISTER_BROKER,
                        identity.register_fields(compressed=compressed),
-                       body.encode(compressed))
+                       body.encode(compressed), timeout=LARGE_TABLE_TIMEOUT)
     assert answer.code == ResponseCode.SUCCESS, answer.remark
     return RegisterResult.from_response(answer)
 
@@ -195,7 +201,8 @@ async def test_lookups_are_answered_while_a_table_at_the_bound_is_applied() -> N
         try:
             await eventually(lambda: lag.ticks >= 2)
             answer = await ask(broker, RequestCode.REGISTER_BROKER,
-                               MASTER.register_fields(compressed=True), body)
+                               MASTER.register_fields(compressed=True), body,
+                               timeout=LARGE_TABLE_TIMEOUT)
             registered.set()
             assert answer.code == ResponseCode.SUCCESS, answer.remark
             answered = await lookups
@@ -228,7 +235,8 @@ async def test_a_broker_dropped_while_its_table_is_applied_leaves_nothing_behind
         async def dropped_while_applied(broker: RemotingClient, drop: Awaitable[object]
                                         ) -> RemotingCommand | TransportError:
             sent = asyncio.ensure_future(ask(broker, RequestCode.REGISTER_BROKER,
-                                             MASTER.register_fields(compressed=True), body))
+                                             MASTER.register_fields(compressed=True), body,
+                                             timeout=LARGE_TABLE_TIMEOUT))
             await eventually(lambda: rt.queue_count > 6)  # storing has begun
             await drop
             try:
