@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from evq.domain.topics import PERM_RW, TopicConfig
 from evq.net.routes import ORDER_TOPIC_CONFIG, RouteTable
 
@@ -111,3 +113,23 @@ def test_a_table_without_a_version_is_applied_at_every_registration() -> None:
     rt.delete_topic("T")
     register(rt)
     assert rt.route("T") is not None and (rt.applied, rt.heartbeats) == (2, 0)
+
+
+def test_a_broker_leaves_a_shared_topic_in_one_step_and_the_index_stays_untracked() -> None:
+    """A topic's entry of brokers is changed in place when one leaves, whatever the number
+    serving it (rebuilt without it, as a tuple was, one connection's 4,096 brokers sharing
+    244 topics took minutes of the loop to drop), and holds nothing the cycle collector
+    tracks (a million topics must not lengthen its full collections)."""
+    rt = RouteTable()
+    for b in range(3):
+        rt.register(cluster="C", broker_name=f"b{b}", broker_addr=f"10.0.0.{b}:10911",
+                    broker_id=0, ha_server_addr="", topics=[TopicConfig(topic_name="T")],
+                    now_ms=0, channel=b)
+    entry = rt.topics["T"]
+    assert not gc.is_tracked(entry)
+    assert rt.channel_closed(1) == ["10.0.0.1:10911"]
+    assert rt.topics["T"] is entry and sorted(entry) == ["b0", "b2"]
+    assert not gc.is_tracked(entry)
+    rt.channel_closed(0)
+    rt.channel_closed(2)
+    assert "T" not in rt.topics and rt.queue_count == 0
