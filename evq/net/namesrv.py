@@ -108,6 +108,14 @@ APPLY_STEP: Final = 5_000
 steps of a new table at the bound are its two million-entry dicts growing (50 ms or more
 each, one C call), which no step size splits."""
 
+LARGE_BODIES_AT_ONCE: Final = 2
+"""Registrations of a large body (:data:`~evq.net.execution.LARGE_WORK` bytes or more) decoded
+or applied at once; the rest wait with their bodies undecoded.  A body may inflate to 64 MiB
+of JSON, a few hundred MB of topic configs, and without this as many were decoded at once as
+the default executor has threads (up to 32), each then waiting its turn to apply: one client
+pipelining large registrations held that many tables.  Two keep one decoding while one
+applies; heartbeats of an unchanged small table never wait here."""
+
 _FREED_AT_ONCE: Final = 10_000
 """Decoded topic configs freed in one call (about 1 ms)."""
 _TOPIC_NAME_BYTES: Final = 32
@@ -169,6 +177,9 @@ class NameServer:
         self._registering = asyncio.Lock()
         """Held while a registration applies its table: one at a time, as each counts the
         topics it adds against the bound before the loop turns (:class:`Registering`)."""
+        self._large_bodies = asyncio.Semaphore(LARGE_BODIES_AT_ONCE)
+        """Held by a registration of a large body from its decoding to the end of its apply
+        (see :data:`LARGE_BODIES_AT_ONCE`)."""
         self._topic_lists: dict[str | None, tuple[int, asyncio.Future[bytes]]] = {}
         """Topic list answers by cluster (None: every topic), with the listing version they
         were built at (see :meth:`topic_list_body`)."""
@@ -279,24 +290,26 @@ class NameServer:
         if h.body_crc32 != 0 and h.body_crc32 != body_crc32(cmd.body):
             log.warning("register_crc_mismatch", peer=conn.peer, broker=h.broker_addr)
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "crc32 not match")
-        data_version, queues = await execution.sized(len(cmd.body), functools.partial(
-            _decoded, cmd.body, compressed=h.compressed, version=cmd.version,
-            broker_name=h.broker_name, broker_id=h.broker_id))
-        who = Registrant(cluster=h.cluster_name, broker_name=h.broker_name,
-                         broker_addr=h.broker_addr, broker_id=h.broker_id,
-                         ha_server_addr=h.ha_server_addr, now_ms=self._clock.now_ms(),
-                         channel=conn, data_version=data_version)
-        if conn not in self._watched:  # before the table is applied: a close drops it
-            self._watched.add(conn)
-            conn.add_close_callback(self._connection_closed)
-        reg = self.routes.refresh(who)
-        if reg is None:
-            try:
-                reg = await self._apply(who, queues)
-            except TableFull as exc:
-                self.refusals[exc.setting].refuse(peer=conn.peer, broker=h.broker_name,
-                                                  addr=h.broker_addr)
-                raise
+        large = len(cmd.body) >= execution.LARGE_WORK
+        async with self._large_bodies if large else contextlib.nullcontext():
+            data_version, queues = await execution.sized(len(cmd.body), functools.partial(
+                _decoded, cmd.body, compressed=h.compressed, version=cmd.version,
+                broker_name=h.broker_name, broker_id=h.broker_id))
+            who = Registrant(cluster=h.cluster_name, broker_name=h.broker_name,
+                             broker_addr=h.broker_addr, broker_id=h.broker_id,
+                             ha_server_addr=h.ha_server_addr, now_ms=self._clock.now_ms(),
+                             channel=conn, data_version=data_version)
+            if conn not in self._watched:  # before the table is applied: a close drops it
+                self._watched.add(conn)
+                conn.add_close_callback(self._connection_closed)
+            reg = self.routes.refresh(who)
+            if reg is None:
+                try:
+                    reg = await self._apply(who, queues)
+                except TableFull as exc:
+                    self.refusals[exc.setting].refuse(peer=conn.peer, broker=h.broker_name,
+                                                      addr=h.broker_addr)
+                    raise
         result = RegisterResult(master_addr=reg.master_addr, master_ha_addr=reg.ha_server_addr,
                                 order_topic_config=self.routes.kv_list(ORDER_TOPIC_CONFIG))
         return cmd.response(fields=result.fields(), body=result.body())

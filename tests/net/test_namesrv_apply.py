@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -15,6 +18,7 @@ from structlog.testing import capture_logs
 from evq.domain.clock import ManualClock
 from evq.domain.codes import ResponseCode
 from evq.domain.topics import TopicConfig
+from evq.net import execution
 from evq.net import namesrv as namesrv_module
 from evq.net.codes import RequestCode
 from evq.net.loop_lag import LoopLag
@@ -268,3 +272,41 @@ async def test_a_broker_dropped_while_its_table_is_applied_leaves_nothing_behind
             await register(again, topics=table, compressed=True)
             assert rt.queue_count == 6 + len(table) and rt.heartbeats == 0
             check_tables(rt)
+
+
+async def test_large_registrations_are_decoded_two_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations of large bodies sent at once are decoded and applied at most
+    ``LARGE_BODIES_AT_ONCE`` at a time, the rest waiting undecoded: each table may be hundreds
+    of MB once decoded, and the executor would decode as many as it has threads."""
+    running = most = 0
+    lock = threading.Lock()
+    decode = namesrv_module._decoded
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.05)  # long enough for the others to start, were they let
+            return decode(*args, **kwargs)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(namesrv_module, "_decoded", counted)
+    table = many(1_000)
+    body = RegisterBrokerBody(topics=table, data_version=V1).encode()
+    assert len(body) >= execution.LARGE_WORK
+    brokers = [BrokerIdentity(cluster="C", broker_name=f"broker-{n}", broker_id=0,
+                              broker_addr=f"127.0.0.1:{31000 + n}") for n in range(6)]
+    async with namesrv() as server, contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(connected(server)) for _ in brokers]
+        answers = await asyncio.gather(*(
+            ask(c, RequestCode.REGISTER_BROKER, b.register_fields(), body,
+                timeout=LARGE_TABLE_TIMEOUT) for c, b in zip(clients, brokers, strict=True)))
+        assert all(a.code == ResponseCode.SUCCESS for a in answers)
+        assert server.routes.queue_count == len(brokers) * len(table)
+        check_tables(server.routes)
+    assert most == namesrv_module.LARGE_BODIES_AT_ONCE
