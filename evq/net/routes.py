@@ -244,25 +244,33 @@ class Registering:
         self._served_at_start = len(self.table.served.get(self.who.broker_name, ()))
 
     def step(self, most: int) -> bool:
-        """Carry the registration on by up to ``most`` topics; True once it is complete.
-        Raises :class:`TableFull`, having applied nothing of it, at the step that admits."""
+        """Carry the registration on by up to ``most`` topics counted or stored (``most`` at
+        least 1); True once it is complete.  A table whose topics, counted and then stored,
+        fit in ``most`` completes in one step: a broker's registration of the topic a send
+        just created is answered without the loop turning, as when tables were applied whole,
+        so a client asking for the new route right after is told it is unknown no longer than
+        then.  Raises :class:`TableFull`, having applied nothing of it, at the step that
+        admits."""
         table, name = self.table, self.who.broker_name
         if self.live is None:
             counting = list(islice(self._uncounted, most))
             if counting:
                 served = table.served.get(name, {})
                 self.new_queues += len(counting) - sum(map(served.__contains__, counting))
-                return False
+                if len(counting) == most:
+                    return False  # more may be left to count: the loop turns first
+                most -= len(counting)
             lost = self._served_at_start - len(table.served.get(name, ()))
             self.live = table._admit(self.who, self.new_queues + lost)
         ours = table.live.get(self.who.broker_addr) is self.live
         queues = self.queues
-        taken = dict(queues.popitem() for _ in range(min(most, len(queues))))
-        if taken:
+        if queues:
+            taken = dict(queues.popitem() for _ in range(min(most, len(queues))))
             if ours:
                 table._serve(name, taken)
                 self.stored += len(taken)
-            return False
+            if queues:
+                return False
         if ours:
             self.live.data_version = self.who.data_version
         else:

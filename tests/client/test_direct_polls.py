@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from evq.client.blocking import SyncProducer, SyncPullConsumer
-from evq.client.errors import ClientError
+from evq.client.errors import ClientError, RouteNotFound
 from evq.client.pull_consumer import PULL_TIMEOUT_MARGIN_S
 from evq.client.pulling import PullResult, PullStatus, Subscription, pull_request
 from evq.domain.message import new_message
@@ -27,12 +27,29 @@ from tests.waiting import wait_for
 WAIT_S = 30.0
 
 
+def routed_queues(c: SyncPullConsumer, topic: str) -> list[MessageQueue]:
+    """``topic``'s queues once the name server routes it: a send that created the topic made
+    the broker register it, and that registration may still be on its way (a CI run under
+    load once assigned before it arrived)."""
+    found: list[MessageQueue] = []
+
+    def routed() -> bool:
+        try:
+            found[:] = c.queues(topic)
+        except RouteNotFound:
+            return False
+        return True
+
+    wait_for(f"the name server to route {topic!r}", routed)
+    return found
+
+
 def test_polls_are_made_on_the_callers_thread_and_move_the_positions(cluster: Served) -> None:
     with SyncProducer("PG", cluster.namesrv) as p:
         for i in range(60):
             p.send(new_message("Polled", b"m%d" % i))
     with SyncPullConsumer("Pollers", cluster.namesrv, auto_commit=False) as c:
-        queues = c.queues("Polled")
+        queues = routed_queues(c, "Polled")
         with pytest.raises(ClientError, match="not assigned"):  # the loop's poll says so
             c.poll(queues[0])
         c.assign(queues)
@@ -60,6 +77,7 @@ def test_a_long_poll_waits_on_the_callers_thread_past_the_lines_own_timeout(
     with SyncProducer("PG", cluster.namesrv) as p:
         queue = p.send(new_message("Waited", b"first")).queue
         with SyncPullConsumer("Waiters", cluster.namesrv) as c:
+            assert queue in routed_queues(c, "Waited")
             c.assign([queue])
             assert [m.body for m in c.poll(queue).messages] == [b"first"]
             wait_ms = round((PULL_TIMEOUT_MARGIN_S + 0.5) * 1000)  # the line times out at 3 s

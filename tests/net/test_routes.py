@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 
+import attrs
+
 from evq.domain.topics import PERM_RW, TopicConfig
-from evq.net.routes import ORDER_TOPIC_CONFIG, RouteTable
+from evq.net.register_broker import DataVersion
+from evq.net.routes import ORDER_TOPIC_CONFIG, Registrant, RouteTable, queue_table
 
 T = [TopicConfig(topic_name="T", read_queue_nums=4, write_queue_nums=2)]
 
@@ -133,3 +136,23 @@ def test_a_broker_leaves_a_shared_topic_in_one_step_and_the_index_stays_untracke
     rt.channel_closed(0)
     rt.channel_closed(2)
     assert "T" not in rt.topics and rt.queue_count == 0
+
+
+def test_a_table_smaller_than_a_step_is_applied_in_one_step() -> None:
+    """A registration whose topics, counted and then stored, fit one step's budget is applied
+    in one call, with no turn of the loop between (the route of a topic a send just created is
+    known once its broker's registration is answered); a larger one spends a budget a step."""
+    rt = RouteTable()
+    who = Registrant(cluster="C", broker_name="b", broker_addr="10.0.0.1:10911", broker_id=0,
+                     ha_server_addr="", now_ms=0, data_version=DataVersion(1, 1))
+    small = [TopicConfig(topic_name=f"s{i}") for i in range(3)]
+    assert rt.start_register(who, queue_table("b", 0, small)).step(6)
+    assert sorted(rt.topics) == ["s0", "s1", "s2"]
+    large = [TopicConfig(topic_name=f"l{i}") for i in range(8)]
+    steps = 1
+    registering = rt.start_register(attrs.evolve(who, data_version=DataVersion(1, 2)),
+                                    queue_table("b", 0, [*small, *large]))
+    while not registering.step(4):
+        steps += 1
+    # counted 4, 4, then 3 and 1 stored; then 4, 4 and the last 2 stored
+    assert steps == 6 and len(rt.topics) == 11
