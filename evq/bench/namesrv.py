@@ -11,8 +11,9 @@ loop is what every other client of the name server may be made to wait.  For eac
   :class:`~evq.net.loop_lag.LoopLag` watching its loop, one connection asking a topic's
   route again and again, and a broker connection sending that table as one compressed
   REGISTER_BROKER (as a Java broker sends a large one): first as it is, then changed, then
-  the changed one again (a heartbeat): the loop's longest stall while the registrations run,
-  the slowest route lookup meanwhile, and each registration's round trip.
+  the changed one again (a heartbeat, which the name server tells by the body's digest and
+  answers without decoding it): the loop's longest stall while the registrations run, the
+  slowest route lookup meanwhile, and each registration's round trip.
 
 The bodies are encoded before anything is timed.  The clients share the name server's loop
 (their work is small: one request at a time), so the stall is an upper bound.
@@ -138,7 +139,7 @@ def format_result(r: SizeResult) -> str:
     return (f"{r.topics:>9,} topics  table apply: first {r.first_apply_s:.2f} s, "
             f"changed {r.changed_apply_s:.2f} s ({r.first_apply_s / r.topics * 1e6:.2f} us a "
             f"topic)\n{'':>17}socket: round trip first {r.first_round_trip_s:.2f} s, changed "
-            f"{r.changed_round_trip_s:.2f} s, heartbeat {r.heartbeat_round_trip_s:.2f} s; "
+            f"{r.changed_round_trip_s:.2f} s, heartbeat {r.heartbeat_round_trip_s * 1000:.1f} ms; "
             f"longest loop stall {r.max_stall_s * 1000:.0f} ms,"
             f" slowest lookup {r.slowest_lookup_s * 1000:.0f} ms, 1 ms pause included "
             f"({r.lookups} lookups)")

@@ -35,6 +35,8 @@ import functools
 from pathlib import Path
 from typing import Final
 
+import attrs
+
 from evq import logs
 from evq.acl.verifier import Deny
 from evq.domain.clock import SYSTEM_CLOCK, Clock
@@ -62,6 +64,7 @@ from evq.net.register_broker import (
     RegisterBrokerBody,
     RegisterResult,
     body_crc32,
+    body_digest,
     kv_table,
 )
 from evq.net.routes import (
@@ -198,6 +201,9 @@ class NameServer:
         self._first_scan_delay = first_scan_delay
         self._broker_expiry_ms = broker_expiry_ms
         self._watched: set[Connection] = set()  # connections brokers registered over
+        self.bodies_decoded = 0
+        """REGISTER_BROKER bodies decoded: not a heartbeat's whose body is the one last applied
+        for its address (:func:`~evq.net.register_broker.body_digest`)."""
         self._scanner: asyncio.Task[None] | None = None
         handlers: dict[int, Handler] = {
             RequestCode.PUT_KV_CONFIG: self._put_kv_config,
@@ -290,26 +296,32 @@ class NameServer:
         if h.body_crc32 != 0 and h.body_crc32 != body_crc32(cmd.body):
             log.warning("register_crc_mismatch", peer=conn.peer, broker=h.broker_addr)
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "crc32 not match")
-        large = len(cmd.body) >= execution.LARGE_WORK
-        async with self._large_bodies if large else contextlib.nullcontext():
-            data_version, queues = await execution.sized(len(cmd.body), functools.partial(
-                _decoded, cmd.body, compressed=h.compressed, version=cmd.version,
-                broker_name=h.broker_name, broker_id=h.broker_id))
-            who = Registrant(cluster=h.cluster_name, broker_name=h.broker_name,
-                             broker_addr=h.broker_addr, broker_id=h.broker_id,
-                             ha_server_addr=h.ha_server_addr, now_ms=self._clock.now_ms(),
-                             channel=conn, data_version=data_version)
-            if conn not in self._watched:  # before the table is applied: a close drops it
-                self._watched.add(conn)
-                conn.add_close_callback(self._connection_closed)
-            reg = self.routes.refresh(who)
-            if reg is None:
-                try:
-                    reg = await self._apply(who, queues)
-                except TableFull as exc:
-                    self.refusals[exc.setting].refuse(peer=conn.peer, broker=h.broker_name,
-                                                      addr=h.broker_addr)
-                    raise
+        digest = await execution.sized(len(cmd.body), functools.partial(
+            body_digest, cmd.body, compressed=h.compressed, version=cmd.version))
+        who = Registrant(cluster=h.cluster_name, broker_name=h.broker_name,
+                         broker_addr=h.broker_addr, broker_id=h.broker_id,
+                         ha_server_addr=h.ha_server_addr, now_ms=self._clock.now_ms(),
+                         channel=conn, body_digest=digest)
+        if conn not in self._watched:  # before the table is applied: a close drops it
+            self._watched.add(conn)
+            conn.add_close_callback(self._connection_closed)
+        reg = self.routes.refresh(who)  # the last body again: a heartbeat, left undecoded
+        if reg is None:
+            self.bodies_decoded += 1
+            large = len(cmd.body) >= execution.LARGE_WORK
+            async with self._large_bodies if large else contextlib.nullcontext():
+                data_version, queues = await execution.sized(len(cmd.body), functools.partial(
+                    _decoded, cmd.body, compressed=h.compressed, version=cmd.version,
+                    broker_name=h.broker_name, broker_id=h.broker_id))
+                who = attrs.evolve(who, now_ms=self._clock.now_ms(), data_version=data_version)
+                reg = self.routes.refresh(who)
+                if reg is None:
+                    try:
+                        reg = await self._apply(who, queues)
+                    except TableFull as exc:
+                        self.refusals[exc.setting].refuse(peer=conn.peer, broker=h.broker_name,
+                                                          addr=h.broker_addr)
+                        raise
         result = RegisterResult(master_addr=reg.master_addr, master_ha_addr=reg.ha_server_addr,
                                 order_topic_config=self.routes.kv_list(ORDER_TOPIC_CONFIG))
         return cmd.response(fields=result.fields(), body=result.body())

@@ -90,6 +90,45 @@ async def test_a_heartbeat_of_an_unchanged_table_applies_nothing() -> None:
         assert await route(client, "T") is not None and await route(client, "U") is not None
         await register(broker, topics=(T, U), version=V2, compressed=True)
         assert counts(rt) == (2, 2)
+        # Each body so far was another's (the compressed one too): each was decoded.
+        assert server.bodies_decoded == 4
+
+
+async def test_a_heartbeat_of_the_same_body_is_answered_without_decoding_it() -> None:
+    """A broker sends its whole table with every heartbeat: the same bytes as the last body
+    applied for its address are a heartbeat, told by their digest before any decoding."""
+    clock = ManualClock()
+    async with namesrv(clock) as server, connected(server) as broker, connected(server) as client:
+        rt = server.routes
+        await register(broker)
+        assert (counts(rt), server.bodies_decoded) == ((1, 0), 1)
+        clock.advance(30)
+        await register(broker)
+        assert (counts(rt), server.bodies_decoded) == ((1, 1), 1)
+        assert rt.live[MASTER.broker_addr].last_update_ms == clock.now_ms()
+        # As with the DataVersion rule, a topic deleted here stays deleted.
+        await ask(client, RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": "T", "clusterName": ""})
+        await register(broker)
+        assert (counts(rt), server.bodies_decoded) == ((1, 2), 1)
+        assert await route(client, "T") is None
+        # Another body of the same DataVersion is decoded, then taken for a heartbeat (Java's
+        # rule); its next copy is not decoded again.
+        await register(broker, topics=(T, U))
+        assert (counts(rt), server.bodies_decoded) == ((1, 3), 2)
+        await register(broker, topics=(T, U))
+        assert (counts(rt), server.bodies_decoded) == ((1, 4), 2)
+        assert await route(client, "U") is None
+        # The same body from a slot the address does not hold, or after the broker was dropped,
+        # is decoded and applied whole.
+        moved = BrokerIdentity(cluster="C", broker_name="broker-b", broker_id=0,
+                               broker_addr=MASTER.broker_addr)
+        await register(broker, moved, topics=(T, U))
+        assert (counts(rt), server.bodies_decoded) == ((2, 4), 3)
+        await ask(client, RequestCode.UNREGISTER_BROKER, moved.unregister_fields())
+        await register(broker, moved, topics=(T, U))
+        assert (counts(rt), server.bodies_decoded) == ((3, 4), 4)
+        assert await route(client, "T") is not None and await route(client, "U") is not None
+        check_tables(rt)
 
 
 async def test_a_slaves_heartbeat_still_names_its_master() -> None:

@@ -22,6 +22,7 @@ from evq.net.register_broker import (
     RegisterBrokerBody,
     RegisterResult,
     body_crc32,
+    body_digest,
 )
 from tests.strategies import non_negative_int64s, topic_configs
 
@@ -177,3 +178,22 @@ def test_register_result_round_trip() -> None:
     assert request.response(fields=RegisterResult().fields()).ext_fields == {}
     with pytest.raises(RegisterBodyError, match="not a KV table"):
         RegisterResult.from_response(request.response(body=b'{"table":{"T":4}}'))
+
+
+_readings = st.tuples(st.booleans(), st.one_of(
+    st.sampled_from([Version.V3_0_11 - 1, Version.V3_0_11]), st.integers(-2**31, 2**31 - 1)))
+
+
+@given(st.binary(max_size=512), _readings, st.binary(max_size=512), _readings)
+def test_body_digests_are_equal_only_for_the_same_bytes_read_the_same_way(
+        a: bytes, how_a: tuple[bool, int], b: bytes, how_b: tuple[bool, int]) -> None:
+    """The name server answers a body whose digest is the last one's without decoding it, so
+    equal digests must mean equal tables: the same bytes, compressed or not alike, wrapped or
+    bare alike (the version only matters on which side of V3_0_11 it is)."""
+    def read_as(how: tuple[bool, int]) -> tuple[bool, bool]:
+        return how[0], how[1] >= Version.V3_0_11
+
+    same = a == b and read_as(how_a) == read_as(how_b)
+    digest_a = body_digest(a, compressed=how_a[0], version=how_a[1])
+    assert (digest_a == body_digest(b, compressed=how_b[0], version=how_b[1])) == same
+    assert digest_a == body_digest(bytes(a), compressed=how_a[0], version=how_a[1])

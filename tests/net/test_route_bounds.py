@@ -310,6 +310,7 @@ class Model:
     def __init__(self) -> None:
         self.live: dict[str, tuple[int, str]] = {}  # addr -> (time, channel)
         self.versions: dict[str, DataVersion] = {}  # addr -> that of the last table applied
+        self.digests: dict[str, bytes] = {}  # addr -> the last body applied or refreshed
         self.slots: dict[tuple[str, int], str] = {}  # (name, id) -> addr
         self.cluster_of: dict[str, str] = {}  # name -> the cluster it first registered in
         self.listings: set[tuple[str, str]] = set()  # (cluster, name)
@@ -325,14 +326,19 @@ class Model:
                         for ns, t in self.kv.items() for k, v in t.items()))
 
     def heartbeat(self, cluster: str, name: str, addr: str, broker_id: int,
-                  version: DataVersion | None, now: int, channel: str) -> bool:
+                  version: DataVersion | None, now: int, channel: str,
+                  digest: bytes | None = None) -> bool:
         """Refresh the broker if the registration is a heartbeat: its version that of the
-        last table applied for its address, live in the same slot and cluster."""
-        if (version is None or self.versions.get(addr) != version
+        last table applied for its address, or its body the last one applied or refreshed,
+        live in the same slot and cluster."""
+        if (not ((version is not None and self.versions.get(addr) == version)
+                 or (digest is not None and self.digests.get(addr) == digest))
                 or self.slots.get((name, broker_id)) != addr
                 or (cluster, name) not in self.listings):
             return False
         self.live[addr] = (now, channel)
+        if digest is not None:
+            self.digests[addr] = digest
         return True
 
     def admit(self, cluster: str, name: str, addr: str, broker_id: int, now: int,
@@ -346,6 +352,7 @@ class Model:
         self.slots[name, broker_id] = addr
         self.live[addr] = (now, channel)
         self.versions.pop(addr, None)
+        self.digests.pop(addr, None)
 
     def store(self, name: str, serves: Iterable[TopicConfig]) -> None:
         for t in serves:
@@ -375,6 +382,7 @@ class Model:
     def drop_addr(self, addr: str) -> None:
         self.live.pop(addr, None)
         self.versions.pop(addr, None)
+        self.digests.pop(addr, None)
         for slot in [s for s, a in self.slots.items() if a == addr]:
             self.drop(*slot)
 
@@ -463,15 +471,17 @@ class RouteTableModel(RuleBasedStateMachine):
     @rule(**registrations)
     def begin(self, cluster: str, name: str, addr: str, broker_id: int, serves: list[str],
               queues: int, channel: str, version: DataVersion | None) -> None:
-        """What the name server does: a heartbeat at once, else a registration in steps."""
+        """What the name server does: a heartbeat at once, else a registration in steps.
+        The body's digest stands for its bytes: the same topics, queues and version."""
         self.last = {k: v for k, v in locals().items() if k in registrations}
         table = topics(*serves, queues=queues)
+        digest = repr((serves, queues, version)).encode()
         who = Registrant(cluster=cluster, broker_name=name, broker_addr=addr,
                          broker_id=broker_id, ha_server_addr="", now_ms=self.now,
-                         channel=channel, data_version=version)
+                         channel=channel, data_version=version, body_digest=digest)
         heartbeat = self.rt.refresh(who)
-        assert (heartbeat is not None) == self.model.heartbeat(cluster, name, addr, broker_id,
-                                                               version, self.now, channel)
+        assert (heartbeat is not None) == self.model.heartbeat(
+            cluster, name, addr, broker_id, version, self.now, channel, digest)
         if heartbeat is None:
             self.pending = Pending(
                 who, {t.topic_name: t for t in table} if broker_id == 0 else {},
@@ -525,6 +535,8 @@ class RouteTableModel(RuleBasedStateMachine):
             assert p.taken == p.table.keys()
             if ours and w.data_version is not None:
                 self.model.versions[w.broker_addr] = w.data_version
+            if ours and w.body_digest is not None:
+                self.model.digests[w.broker_addr] = w.body_digest
             self.pending = None
 
     @rule(cluster=st.sampled_from(CLUSTERS), name=st.sampled_from(NAMES),
