@@ -13,7 +13,8 @@ loop is what every other client of the name server may be made to wait.  For eac
   REGISTER_BROKER (as a Java broker sends a large one): first as it is, then changed, then
   the changed one again (a heartbeat, which the name server tells by the body's digest and
   answers without decoding it): the loop's longest stall while the registrations run, the
-  slowest route lookup meanwhile, and each registration's round trip.
+  slowest route lookup meanwhile, and each registration's round trip; then the broker's
+  connection closed: how long its table took to go, and the loop's longest stall meanwhile.
 
 The bodies are encoded before anything is timed.  The clients share the name server's loop
 (their work is small: one request at a time), so the stall is an upper bound.
@@ -62,6 +63,8 @@ class SizeResult:
     max_stall_s: float
     slowest_lookup_s: float
     lookups: int
+    drop_s: float
+    drop_max_stall_s: float
 
 
 def tables(n: int) -> tuple[list[TopicConfig], list[TopicConfig]]:
@@ -83,9 +86,20 @@ def time_table(first: list[TopicConfig], changed: list[TopicConfig]) -> tuple[fl
     return took[0], took[1]
 
 
-async def time_socket(bodies: Sequence[bytes]) -> tuple[list[float], float, float, int]:
+@attrs.frozen(kw_only=True)
+class SocketTimes:
+    trips: list[float]
+    max_stall_s: float
+    slowest_lookup_s: float
+    lookups: int
+    drop_s: float
+    drop_max_stall_s: float
+
+
+async def time_socket(bodies: Sequence[bytes]) -> SocketTimes:
     """Round trips of each body registered in turn; the longest stall and slowest lookup
-    seen while they ran; lookups answered."""
+    seen while they ran; lookups answered; then, the broker's connection closed, how long its
+    table took to go and the longest stall meanwhile."""
     lag = LoopLag(interval=0.002)
     slowest = 0.0
     lookups = 0
@@ -102,8 +116,8 @@ async def time_socket(bodies: Sequence[bytes]) -> tuple[list[float], float, floa
             slowest = max(slowest, time.perf_counter() - start)
             lookups += answer.code in (ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST)
 
-    async with NameServer(HOST, 0) as server, RemotingClient(HOST, server.port) as broker, \
-            RemotingClient(HOST, server.port) as client:
+    async with NameServer(HOST, 0) as server, RemotingClient(HOST, server.port) as client:
+        broker = RemotingClient(HOST, server.port)
         watcher = asyncio.create_task(lag.run())
         looker = asyncio.create_task(look_up(client))
         trips = []
@@ -115,10 +129,18 @@ async def time_socket(bodies: Sequence[bytes]) -> tuple[list[float], float, floa
             trips.append(time.perf_counter() - start)
             if answer.code != ResponseCode.SUCCESS:
                 raise SystemExit(f"registration refused: {answer.remark}")
+        registering_stall, lag.max_stall = lag.max_stall, 0.0
+        start = time.perf_counter()
+        await broker.close()
+        routes = server.routes
+        while BROKER.broker_addr in routes.live or routes.leaving:  # the close, then the drop
+            await asyncio.sleep(0.001)
+        drop_s = time.perf_counter() - start
         done = True
         await looker
         watcher.cancel()
-    return trips, lag.max_stall, slowest, lookups
+    return SocketTimes(trips=trips, max_stall_s=registering_stall, slowest_lookup_s=slowest,
+                       lookups=lookups, drop_s=drop_s, drop_max_stall_s=lag.max_stall)
 
 
 def run_size(n: int) -> SizeResult:
@@ -128,11 +150,12 @@ def run_size(n: int) -> SizeResult:
               for v, t in enumerate((first, changed), 1)]
     del first, changed
     gc.collect()
-    trips, stall, slowest, lookups = asyncio.run(time_socket([*bodies, bodies[-1]]))
+    times = asyncio.run(time_socket([*bodies, bodies[-1]]))
     return SizeResult(topics=n, first_apply_s=first_s, changed_apply_s=changed_s,
-                      first_round_trip_s=trips[0], changed_round_trip_s=trips[1],
-                      heartbeat_round_trip_s=trips[2],
-                      max_stall_s=stall, slowest_lookup_s=slowest, lookups=lookups)
+                      first_round_trip_s=times.trips[0], changed_round_trip_s=times.trips[1],
+                      heartbeat_round_trip_s=times.trips[2], max_stall_s=times.max_stall_s,
+                      slowest_lookup_s=times.slowest_lookup_s, lookups=times.lookups,
+                      drop_s=times.drop_s, drop_max_stall_s=times.drop_max_stall_s)
 
 
 def format_result(r: SizeResult) -> str:
@@ -142,7 +165,8 @@ def format_result(r: SizeResult) -> str:
             f"{r.changed_round_trip_s:.2f} s, heartbeat {r.heartbeat_round_trip_s * 1000:.1f} ms; "
             f"longest loop stall {r.max_stall_s * 1000:.0f} ms,"
             f" slowest lookup {r.slowest_lookup_s * 1000:.0f} ms, 1 ms pause included "
-            f"({r.lookups} lookups)")
+            f"({r.lookups} lookups)\n{'':>17}closed: table dropped in {r.drop_s:.2f} s, "
+            f"longest loop stall {r.drop_max_stall_s * 1000:.0f} ms")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -14,7 +14,9 @@ refused whole, before any of it is applied (:class:`TableFull`).  What a broker'
 re-sends is counted by its net growth only, so a broker already registered is never refused its
 heartbeat.  Dropping a broker costs its own slots and topics, found through an index
 (address -> its slots) and its own queue data, not a scan of the tables: a name server
-dropping many brokers of a big table must not stall its loop.
+dropping many brokers of a big table must not stall its loop.  The broker goes from every
+lookup at once, and its topics can go a few thousand a step (:attr:`RouteTable.leaving`),
+as a registration is applied.
 
 The queue data are kept by broker, in a few large dicts, and a topic's index entry names its
 brokers as the keys of a dict of strings to None.  CPython's cycle collector never tracks a
@@ -235,7 +237,8 @@ class Registering:
     who: Registrant
     queues: dict[str, QueueData]
     _uncounted: Iterator[str] = attrs.field(init=False)
-    _served_at_start: int = attrs.field(init=False)
+    _served_at_start: int = attrs.field(default=-1, init=False)
+    """The broker's topics when counting began (-1: not begun)."""
     new_queues: int = attrs.field(default=0, init=False)
     """Topics of the table not served by the broker when counted."""
     live: BrokerLive | None = attrs.field(default=None, init=False)
@@ -247,7 +250,6 @@ class Registering:
 
     def __attrs_post_init__(self) -> None:
         self._uncounted = iter(self.queues)
-        self._served_at_start = len(self.table.served.get(self.who.broker_name, ()))
 
     def step(self, most: int) -> bool:
         """Carry the registration on by up to ``most`` topics counted or stored (``most`` at
@@ -259,6 +261,14 @@ class Registering:
         admits."""
         table, name = self.table, self.who.broker_name
         if self.live is None:
+            if table.leaving:  # the drops before it first: the room they free, and its own name
+                held = table.queue_count
+                done = table.step_leaving(most)
+                most -= held - table.queue_count
+                if not done or most < 1:
+                    return False
+            if self._served_at_start < 0:
+                self._served_at_start = len(table.served.get(name, ()))
             counting = list(islice(self._uncounted, most))
             if counting:
                 served = table.served.get(name, {})
@@ -311,6 +321,11 @@ class RouteTable:
         """Broker address -> the (broker name, id) slots of ``brokers`` holding it."""
         self.listed: dict[str, set[str]] = {}
         """Broker name -> the clusters listing it (``clusters`` inverted)."""
+        self.leaving: dict[str, None] = {}
+        """Broker names whose last address went while their queue data are still being
+        dropped, a step at a time (:meth:`step_leaving`), in the order they went.  No lookup
+        names them (they have no broker data, and :meth:`queues` passes them over), and a
+        registration finishes dropping them before it is admitted."""
         # The tables' sizes, counted as they change, for the bounds.
         self.slot_count = 0
         self.listing_count = 0
@@ -438,32 +453,56 @@ class RouteTable:
         return Registration(None, None, self.order_topics())
 
     def unregister(self, *, cluster: str, broker_name: str, broker_addr: str,
-                   broker_id: int) -> None:
+                   broker_id: int, most: int | None = None) -> None:
         """Drop the broker at ``broker_addr`` with every slot the address holds.  Java's name
         server drops only the slot the request names, and the address's live entry whatever
         the name and id: a slot under another name or id stays, no longer live, so never
         expired.  Under bounds such slots would fill the table for good (a client could
         register addresses and unregister them under a wrong id until no broker could
-        register), and a route would name an address that left."""
+        register), and a route would name an address that left.
+
+        A broker name left without addresses leaves its queue data: all of them now, or (with
+        ``most``, as for :meth:`expire` and :meth:`channel_closed`) at most ``most`` topics
+        now and the rest to :meth:`step_leaving`."""
         if broker_addr not in self.live and broker_addr not in self.slots:
             return
         self._drop_addr(broker_addr)
+        self._leave(most)
         log.info("broker_unregistered", cluster=cluster, broker=broker_name, id=broker_id,
                  addr=broker_addr)
 
-    def expire(self, now_ms: int, max_silence_ms: int = BROKER_EXPIRED_MS) -> list[str]:
+    def expire(self, now_ms: int, max_silence_ms: int = BROKER_EXPIRED_MS,
+               most: int | None = None) -> list[str]:
         """Drop brokers whose last registration is older than ``max_silence_ms``."""
         gone = [a for a, live in self.live.items() if now_ms - live.last_update_ms > max_silence_ms]
         for addr in gone:
             self._drop_addr(addr)
             log.warning("broker_expired", addr=addr)
+        self._leave(most)
         return gone
 
-    def channel_closed(self, channel: object) -> list[str]:
+    def channel_closed(self, channel: object, most: int | None = None) -> list[str]:
         gone = [a for a, live in self.live.items() if live.channel is channel]
         for addr in gone:
             self._drop_addr(addr)
+        self._leave(most)
         return gone
+
+    def step_leaving(self, most: int) -> bool:
+        """Drop up to ``most`` topics (at least 1) of the :attr:`leaving` broker names, the
+        first gone first; True once none is left."""
+        for name in list(self.leaving):
+            topics = list(islice(self.served[name], most))
+            for topic in topics:
+                self._unserve(topic, name)
+            most -= len(topics)
+            if name in self.served:
+                return False
+        return True
+
+    def _leave(self, most: int | None) -> None:
+        """Drop the leaving queue data: all, or up to ``most`` topics of them."""
+        self.step_leaving(self.queue_count + 1 if most is None else most)
 
     def _drop_addr(self, addr: str) -> None:
         self.live.pop(addr, None)
@@ -471,8 +510,9 @@ class RouteTable:
             self._drop(broker_name, broker_id)
 
     def _drop(self, broker_name: str, broker_id: int) -> None:
-        """Remove one address; a broker name left without addresses takes its queue data,
-        the topics left without queue data, and the clusters left empty with it."""
+        """Remove one address; a broker name left without addresses takes the clusters left
+        empty with it, and is left to take its queue data and the topics left without
+        queue data (:attr:`leaving`)."""
         data = self.brokers[broker_name]
         self._unplace(data, broker_id)
         if data.addrs:
@@ -485,8 +525,8 @@ class RouteTable:
             self.listing_version += 1
             if not names:
                 del self.clusters[cluster]
-        for topic in list(self.served.get(broker_name, ())):
-            self._unserve(topic, broker_name)
+        if broker_name in self.served:  # its topics go after (step_leaving), till none is left
+            self.leaving[broker_name] = None
 
     def _place(self, data: BrokerData, broker_id: int, addr: str) -> None:
         """Put ``addr`` in slot ``broker_id`` of ``data``, in place of what held it."""
@@ -516,6 +556,7 @@ class RouteTable:
         del served[topic]
         if not served:
             del self.served[broker_name]
+            self.leaving.pop(broker_name, None)  # left whole
         names = self.topics[topic]
         del names[broker_name]
         if not names:
@@ -537,7 +578,8 @@ class RouteTable:
 
     def queues(self, topic: str) -> dict[str, QueueData]:
         """``topic``'s queue data by broker name, in name order; none for an unknown topic."""
-        return {name: self.served[name][topic] for name in sorted(self.topics.get(topic, ()))}
+        return {name: self.served[name][topic] for name in sorted(self.topics.get(topic, ()))
+                if name not in self.leaving}
 
     def route(self, topic: str) -> dict[str, object] | None:
         """TopicRouteData for ``topic``; None unless it has queue data and a broker."""

@@ -51,7 +51,7 @@ def check_tables(rt: RouteTable) -> None:
     assert rt.kv_count == sum(max(1, len(t)) for t in rt.kv.values())
     topics: dict[str, set[str]] = {}
     for name, served in rt.served.items():
-        assert served, name  # no broker name without queue data
+        assert served, name  # no broker name without queue data (one leaving is dropped then)
         for topic, queue in served.items():
             assert queue.broker_name == name
             topics.setdefault(topic, set()).add(name)
@@ -69,7 +69,8 @@ def check_tables(rt: RouteTable) -> None:
         for name in names:
             listed.setdefault(name, set()).add(cluster)
     assert rt.listed == listed
-    assert set(listed) == set(rt.brokers) and set(rt.served) <= set(rt.brokers)
+    assert set(listed) == set(rt.brokers) and set(rt.served) <= set(rt.brokers) | set(rt.leaving)
+    assert set(rt.leaving) <= set(rt.served) and not set(rt.leaving) & set(rt.brokers)
 
 
 def refused(rt: RouteTable, setting: str, write: Any) -> TableFull:
@@ -422,6 +423,9 @@ registrations = {"cluster": st.sampled_from(CLUSTERS), "name": st.sampled_from(N
                  "version": st.sampled_from(VERSIONS)}
 
 
+MOST = st.none() | st.integers(1, 3)  # topics a drop leaves at once (None: all)
+
+
 class RouteTableModel(RuleBasedStateMachine):
     """Registrations (whole, or a step at a time with any other write between steps),
     heartbeats, unregistrations, expiry, closed channels, topic deletion and KV writes with
@@ -539,27 +543,39 @@ class RouteTableModel(RuleBasedStateMachine):
                 self.model.digests[w.broker_addr] = w.body_digest
             self.pending = None
 
+    # A drop leaves its brokers' topics all at once (most=None) or a few now and the rest to
+    # step_leaving; either way no lookup names them from the drop on (the model's view).
+
     @rule(cluster=st.sampled_from(CLUSTERS), name=st.sampled_from(NAMES),
-          addr=st.sampled_from(ADDRS), broker_id=st.sampled_from([0, 1]))
-    def unregister(self, cluster: str, name: str, addr: str, broker_id: int) -> None:
+          addr=st.sampled_from(ADDRS), broker_id=st.sampled_from([0, 1]), most=MOST)
+    def unregister(self, cluster: str, name: str, addr: str, broker_id: int,
+                   most: int | None) -> None:
         self.rt.unregister(cluster=cluster, broker_name=name, broker_addr=addr,
-                           broker_id=broker_id)
+                           broker_id=broker_id, most=most)
         self.model.drop_addr(addr)  # every slot of the address: none left unexpirable
 
-    @rule(seconds=st.sampled_from([30, 60, 120, 121]))
-    def expire(self, seconds: int) -> None:
+    @rule(seconds=st.sampled_from([30, 60, 120, 121]), most=MOST)
+    def expire(self, seconds: int, most: int | None) -> None:
         self.now += seconds * 1000
         gone = [a for a, (t, _) in self.model.live.items() if self.now - t > BROKER_EXPIRED_MS]
         for addr in gone:
             self.model.drop_addr(addr)
-        assert self.rt.expire(self.now) == gone
+        assert self.rt.expire(self.now, most=most) == gone
 
-    @rule(channel=st.sampled_from(CHANNELS))
-    def close(self, channel: str) -> None:
+    @rule(channel=st.sampled_from(CHANNELS), most=MOST)
+    def close(self, channel: str, most: int | None) -> None:
         gone = [a for a, (_, c) in self.model.live.items() if c is channel]
         for addr in gone:
             self.model.drop_addr(addr)
-        assert self.rt.channel_closed(channel) == gone
+        assert self.rt.channel_closed(channel, most) == gone
+
+    @rule(most=st.integers(1, 3))
+    def step_leaving(self, most: int) -> None:
+        held = self.rt.queue_count
+        done = self.rt.step_leaving(most)
+        assert done == (not self.rt.leaving)
+        assert held - self.rt.queue_count <= most
+        assert done or held - self.rt.queue_count == most
 
     @rule(topic=st.sampled_from(TOPICS), cluster=st.sampled_from([None, *CLUSTERS]))
     def delete_topic(self, topic: str, cluster: str | None) -> None:
