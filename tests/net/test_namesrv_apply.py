@@ -263,7 +263,7 @@ async def test_lookups_are_answered_while_a_table_at_the_bound_is_applied() -> N
 async def test_lookups_are_answered_while_a_closed_brokers_table_is_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker's topics go a step at a time when its connection closes: dropped in the close
-    callback, a million held the loop 0.9-1.4 s, and one client may register such a table and
+    callback, a million held the loop 0.8-1.4 s, and one client may register such a table and
     close again and again.  No lookup is answered with them once the close is seen (a topic
     another broker serves too is routed to that one alone), and lookups are answered while
     they go."""
