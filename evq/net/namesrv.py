@@ -134,7 +134,7 @@ def _topic_list(names: list[str]) -> bytes:
 
 
 def _decoded(body: bytes, *, compressed: bool, version: int, broker_name: str,
-             broker_id: int) -> tuple[DataVersion, dict[str, QueueData]]:
+             broker_id: int) -> tuple[DataVersion | None, dict[str, QueueData]]:
     """A REGISTER_BROKER body as the route table takes it: its DataVersion and the queue data
     of its topics (:func:`~evq.net.routes.queue_table`).  A large one is built in a worker
     thread, which gives the loop the GIL in turns, but only between bytecodes: so with the

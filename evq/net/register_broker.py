@@ -127,9 +127,9 @@ class DataVersion:
     """Changes whenever the broker's topic table does.  A name server, Java's and evq's,
     compares it with the one it last applied for the broker's address and applies the table
     only when it differs (:meth:`evq.net.routes.RouteTable.refresh`): most registrations are
-    heartbeats of an unchanged table.  A body without one reads as (0, 0) and is compared
-    like any other, where Java reads a new one (stamped now) and so applies every such
-    table; brokers always send one."""
+    heartbeats of an unchanged table.  A JSON body without one reads as None, which matches
+    nothing: Java reads a new one (stamped now) and so applies every such table, where evq
+    still tells the same body sent again by its digest (:func:`body_digest`)."""
 
     timestamp: int = 0
     counter: int = 0
@@ -138,22 +138,24 @@ class DataVersion:
 @attrs.frozen(slots=True, kw_only=True)
 class RegisterBrokerBody:
     topics: tuple[TopicConfig, ...] = ()
-    data_version: DataVersion = DataVersion()
+    data_version: DataVersion | None = DataVersion()
+    """None: the body carried none (a JSON body may leave it out; the compressed form always
+    carries one, and writes None as the default)."""
     filter_servers: tuple[str, ...] = ()
 
     def encode(self, compressed: bool = False) -> bytes:
         if compressed:
             return self._encode_compressed()
-        return fastjson.dumps({
-            "filterServerList": list(self.filter_servers),
-            "topicConfigSerializeWrapper": {
-                "dataVersion": to_json(self.data_version),
-                "topicConfigTable": {t.topic_name: to_json(t) for t in self.topics},
-            },
-        }).encode()
+        wrapper: dict[str, object] = {
+            "topicConfigTable": {t.topic_name: to_json(t) for t in self.topics}}
+        if self.data_version is not None:
+            wrapper = {"dataVersion": to_json(self.data_version), **wrapper}
+        return fastjson.dumps({"filterServerList": list(self.filter_servers),
+                               "topicConfigSerializeWrapper": wrapper}).encode()
 
     def _encode_compressed(self) -> bytes:
-        parts = [_sized(fastjson.dumps(to_json(self.data_version)).encode()),
+        version = DataVersion() if self.data_version is None else self.data_version
+        parts = [_sized(fastjson.dumps(to_json(version)).encode()),
                  INT32.pack(len(self.topics))]
         for t in self.topics:
             line = TOPIC_LINE_SEPARATOR.join(
@@ -169,7 +171,7 @@ class RegisterBrokerBody:
         """The body of a REGISTER_BROKER request from a broker of ``version``; an empty body is
         a broker without topics.  Raises :class:`RegisterBodyError`."""
         if not body:
-            return cls()
+            return cls(data_version=None)
         if compressed:
             return cls._decode_compressed(body)
         doc = _json_object(body, "body")
@@ -256,10 +258,12 @@ def _member(doc: Mapping[str, object], key: str, kind: type[_J]) -> _J:
     return value
 
 
-def _wrapper(doc: Mapping[str, object]) -> tuple[tuple[TopicConfig, ...], DataVersion]:
-    """A ``TopicConfigSerializeWrapper``: the topic table and its version."""
+def _wrapper(doc: Mapping[str, object]
+             ) -> tuple[tuple[TopicConfig, ...], DataVersion | None]:
+    """A ``TopicConfigSerializeWrapper``: the topic table and its version (None: none)."""
     table = _member(doc, "topicConfigTable", dict)
-    dv = _data_version(_member(doc, "dataVersion", dict))
+    dv = None if doc.get("dataVersion") is None else _data_version(
+        _member(doc, "dataVersion", dict))
     return tuple(_topic_json(name, conf) for name, conf in table.items()), dv
 
 

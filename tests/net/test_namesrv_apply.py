@@ -131,6 +131,20 @@ async def test_a_heartbeat_of_the_same_body_is_answered_without_decoding_it() ->
         check_tables(rt)
 
 
+async def test_tables_without_a_data_version_are_applied_unless_the_same_body() -> None:
+    """A body without a DataVersion matches none (Java stamps each such body anew, so applies
+    it): a changed table is applied, the same body again is a heartbeat by its digest."""
+    async with namesrv() as server, connected(server) as broker, connected(server) as client:
+        rt = server.routes
+        for topics, applied in (((T,), (1, 0)), ((T, U), (2, 0)), ((T, U), (2, 1))):
+            body = RegisterBrokerBody(topics=topics, data_version=None).encode()
+            answer = await ask(broker, RequestCode.REGISTER_BROKER, MASTER.register_fields(),
+                               body)
+            assert answer.code == ResponseCode.SUCCESS, answer.remark
+            assert counts(rt) == applied
+        assert await route(client, "U") is not None
+
+
 async def test_a_slaves_heartbeat_still_names_its_master() -> None:
     async with namesrv() as server, connected(server) as master, connected(server) as slave:
         assert (await register(slave, SLAVE)).master_addr is None

@@ -98,7 +98,7 @@ def test_brokers_before_3_0_11_send_the_bare_wrapper() -> None:
     body = b'{"dataVersion":{"counter":1,"timestamp":2},"topicConfigTable":{"T":{"perm":6}}}'
     decoded = RegisterBrokerBody.decode(body, version=Version.V3_0_11 - 1)
     assert decoded.topics == (TopicConfig(topic_name="T", perm=PERM_RW),)
-    assert RegisterBrokerBody.decode(b"") == RegisterBrokerBody()
+    assert RegisterBrokerBody.decode(b"") == RegisterBrokerBody(data_version=None)
 
 
 @pytest.mark.parametrize(("body", "reason"), [
@@ -197,3 +197,20 @@ def test_body_digests_are_equal_only_for_the_same_bytes_read_the_same_way(
     digest_a = body_digest(a, compressed=how_a[0], version=how_a[1])
     assert (digest_a == body_digest(b, compressed=how_b[0], version=how_b[1])) == same
     assert digest_a == body_digest(bytes(a), compressed=how_a[0], version=how_a[1])
+
+
+def test_a_body_without_a_data_version_reads_as_none() -> None:
+    """Java stamps a new DataVersion on a body that carries none, so it applies every such
+    table; None matches no version, where (0, 0) would take every later table for the first
+    one."""
+    body = (b'{"filterServerList":[],"topicConfigSerializeWrapper":'
+            b'{"topicConfigTable":{"T":{"perm":6}}}}')
+    decoded = RegisterBrokerBody.decode(body, version=Version.V4_9_7)
+    assert decoded.data_version is None and decoded.topics == (TopicConfig(topic_name="T"),)
+    assert RegisterBrokerBody.decode(decoded.encode()) == decoded
+    nulled = body.replace(b'{"topicConfigTable"', b'{"dataVersion":null,"topicConfigTable"')
+    assert RegisterBrokerBody.decode(nulled).data_version is None
+    assert RegisterBrokerBody.decode(b"").data_version is None
+    # The compressed form always carries one: None goes as the default.
+    assert RegisterBrokerBody.decode(decoded.encode(compressed=True), compressed=True
+                                     ).data_version == DataVersion()
