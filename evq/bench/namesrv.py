@@ -88,6 +88,9 @@ def time_table(first: list[TopicConfig], changed: list[TopicConfig]) -> tuple[fl
 
 @attrs.frozen(kw_only=True)
 class SocketTimes:
+    """What :func:`time_socket` measured (the stall and lookup figures are the registrations';
+    the ``drop_`` ones the close's)."""
+
     trips: list[float]
     max_stall_s: float
     slowest_lookup_s: float

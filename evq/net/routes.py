@@ -215,7 +215,10 @@ class Registering:
     between steps (lookups, unregistrations, expiry, topic deletions), but not another
     registration: the name server runs them one at a time.
 
-    First it counts the topics of its table the broker does not serve yet, reading only.  Then,
+    First it finishes dropping the queue data of brokers that went (:attr:`RouteTable.leaving`),
+    a step's worth at a time, so that the room they free is counted and a broker name coming
+    back never meets its old queue data.  Then it counts the topics of its table the broker
+    does not serve yet, reading only.  Then,
     in one step, it is refused (:class:`TableFull`, nothing of it applied) or admitted: the
     broker placed in its slot and cluster, its address live.  Then the queue data are taken
     out of ``queues`` and stored, a step's worth at a time (the last topics first), so that
@@ -223,8 +226,8 @@ class Registering:
     loop for 90 ms.  A broker dropped meanwhile (unregistered, its connection closed) takes
     what was stored of its table with it, and the rest is dropped, still a step at a time:
     nothing is left served by a broker that is gone.  The address records the table's
-    version only once all of it is stored, so a registration stopped half-way is never taken
-    for a heartbeat.
+    version and body digest only once all of it is stored, so a registration stopped half-way
+    is never taken for a heartbeat.
 
     The count may run stale while the loop turns: topics this broker serves that are deleted
     during it count as held, though they are new when stored.  So the topics it lost while
