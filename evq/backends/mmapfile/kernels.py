@@ -18,6 +18,7 @@ import attrs
 from evq.backends import disk, rules
 from evq.backends.mmapfile import append_loop, consume_queue, index_file
 from evq.backends.mmapfile.appended import REFUSED, AppendedBatch
+from evq.backends.mmapfile.mapped_file import MappedFile
 from evq.domain import record as rec
 from evq.domain.clock import SystemClock
 from evq.domain.log import Dispatched, GetStatus, LogClosed, ReadResult
@@ -66,7 +67,8 @@ def _compiled() -> StoreKernels | None:
         index_entry_size=index_file.ENTRY_SIZE, index_head_chunk=index_file.HEAD_CHUNK,
         max_time_diff=index_file.MAX_TIME_DIFF, blank_size=rec.BLANK_SIZE, log_closed=LogClosed,
         refused=REFUSED, no_space_fn=disk.no_space, store_fields=rec.STORE_V4.pack,
-        appended_batch=AppendedBatch, system_clock=SystemClock,
+        appended_batch=AppendedBatch, system_clock=SystemClock, mapped_file=MappedFile,
+        index_file=index_file.IndexFile,
     )
     store_kernels.bind_reads(
         read_result=ReadResult, get_status=GetStatus, outside=rules.status_outside,

@@ -33,6 +33,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from evq.byte_order cimport get32, get64, put32, put64
 from evq.slots cimport new_instance, set_new, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -51,6 +52,7 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyLong_CheckExact(object)
     bint PyObject_TypeCheck(object, type)
+    PyObject* Py_TYPE_PTR "(PyObject*)Py_TYPE"(object)
 
 # Bound by bind(): the numbers of evq's layouts (the modules that draw them own them).
 cdef type Dispatched = None
@@ -85,13 +87,21 @@ cdef object pack_store_fields = None
 cdef object AppendedBatch = None  # a Sequence: ABCMeta's, not exactly a type
 cdef Py_ssize_t AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST
 cdef type SystemClock = None  # a clock of exactly this class is read here (wall_ms)
+# Where a MappedFile and an IndexFile keep the fields a single send's append reads and sets:
+# through their descriptors, some thirty a send were about a tenth of its append (issue 18).
+cdef type MappedFile = None
+cdef Py_ssize_t MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM
+cdef type IndexFile = None
+cdef Py_ssize_t IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS, IX_BEGIN_PHYS
+cdef Py_ssize_t IX_SLOT, IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS
 cdef bint bound = False
 
 
 def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, store_at, store_end,
          queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
          index_entry_size, index_head_chunk, max_time_diff, blank_size, log_closed, refused,
-         no_space_fn, store_fields, appended_batch, system_clock) -> None:
+         no_space_fn, store_fields, appended_batch, system_clock, mapped_file,
+         index_file) -> None:
     """Hand the kernels the layout numbers and the Dispatched class (called once, by
     evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
     (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
@@ -100,6 +110,9 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     global QUEUE_OFFSET_AT, CQ_ENTRY_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_HEAD_CHUNK
     global bound, BLANK_SIZE, MAX_TIME_DIFF, LogClosed, REFUSED, no_space, pack_store_fields
     global AppendedBatch, AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST, SystemClock
+    global MappedFile, MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM
+    global IndexFile, IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS
+    global IX_BEGIN_PHYS, IX_SLOT, IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS
     global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
     if (physical_offset_at != queue_offset_at + 8 or cq_entry_size != 20
             or index_entry_size != 20 or index_header_size != 40 or index_head_chunk <= 0):
@@ -128,6 +141,16 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
                                              slot_offset(appended_batch, "_store_timestamp"),
                                              slot_offset(appended_batch, "_host"))
     SystemClock = system_clock
+    MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM = (
+        slot_offset(mapped_file, name)
+        for name in ("writer", "start", "wrote", "size", "allocated", "mm"))
+    MappedFile = mapped_file
+    (IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS, IX_BEGIN_PHYS, IX_SLOT,
+     IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS) = (
+        slot_offset(index_file, name)
+        for name in ("_image", "file", "base", "max_entries", "count", "begin_ts", "begin_phys",
+                     "slot", "_dirty", "slots", "slots_used", "end_ts", "end_phys"))
+    IndexFile = index_file
     bound = True
 
 
@@ -141,6 +164,35 @@ cdef inline object field(object r, Py_ssize_t at, str name):
     if value is NULL:
         return getattr(r, name)  # never set: getattr raises what it raises
     return <object>value
+
+
+cdef inline object get_field(object obj, type cls, Py_ssize_t at, str name):
+    """``getattr(obj, name)``, read from its slot where ``obj`` is exactly a ``cls`` (a
+    subclass might make the name a property)."""
+    cdef PyObject* value
+    if Py_TYPE_PTR(obj) is not <PyObject*>cls:
+        return getattr(obj, name)
+    value = (<PyObject**>(<char*>(<PyObject*>obj) + at))[0]
+    if value is NULL:
+        return getattr(obj, name)  # never set: getattr raises what it raises
+    return <object>value
+
+
+cdef inline int set_field(object obj, type cls, Py_ssize_t at, str name,
+                          object value) except -1:
+    """``setattr(obj, name, value)``, written to its slot where ``obj`` is exactly a
+    ``cls``."""
+    cdef PyObject** slot
+    cdef PyObject* old
+    if Py_TYPE_PTR(obj) is not <PyObject*>cls:
+        setattr(obj, name, value)
+        return 0
+    slot = <PyObject**>(<char*>(<PyObject*>obj) + at)
+    old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+    Py_XDECREF(old)
+    return 0
 
 
 cdef object new_dispatched(object topic, object queue_id, object queue_offset,
@@ -195,9 +247,10 @@ cdef class QueueTail:
         self.ready = cq.ready_below
         last = cq._last
         if last is not None:
-            self.start, self.allocated = last.start, last.allocated
-            self.wrote = self.wrote_was = last.wrote
-            writable(last.mm, &self.view)
+            self.start = get_field(last, MappedFile, MF_START, "start")
+            self.allocated = get_field(last, MappedFile, MF_ALLOCATED, "allocated")
+            self.wrote = self.wrote_was = get_field(last, MappedFile, MF_WROTE, "wrote")
+            writable(get_field(last, MappedFile, MF_MM, "mm"), &self.view)
             self.held = True
         self.cq, self.last = cq, last
         return 0
@@ -232,7 +285,7 @@ cdef class QueueTail:
             self.cq.next_offset = self.next
             self.next_was = self.next
         if self.wrote != self.wrote_was:
-            self.last.wrote = self.wrote
+            set_field(self.last, MappedFile, MF_WROTE, "wrote", self.wrote)
             self.wrote_was = self.wrote
         return 0
 
@@ -284,8 +337,11 @@ cdef class AppendRun:
         self.set_at(mf)
 
     cdef int set_at(self, object mf) except -1:
-        self.mf, self.mm, self.start, self.pos = mf, mf.writer, mf.start, mf.wrote
-        self.room = min(mf.size, mf.allocated) - BLANK_SIZE
+        self.mf, self.mm = mf, get_field(mf, MappedFile, MF_WRITER, "writer")
+        self.start = get_field(mf, MappedFile, MF_START, "start")
+        self.pos = get_field(mf, MappedFile, MF_WROTE, "wrote")
+        self.room = min(get_field(mf, MappedFile, MF_SIZE, "size"),
+                        get_field(mf, MappedFile, MF_ALLOCATED, "allocated")) - BLANK_SIZE
         return 0
 
 
@@ -362,7 +418,8 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
                         break
                     if <object>found is not tail.cq:
                         if pos != published:
-                            mf.wrote = published = pos
+                            published = pos
+                            set_field(mf, MappedFile, MF_WROTE, "wrote", pos)
                         tail.drop()
                         tail.load(<object>found)
                     tail.topic, tail.queue_id = topic, queue_id
@@ -390,7 +447,8 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
                     PyBuffer_Release(&data_view)
             if v6:
                 if pos != published:
-                    mf.wrote = published = pos
+                    published = pos
+                    set_field(mf, MappedFile, MF_WROTE, "wrote", pos)
                 tail.publish()
                 run.patch_v6(run.mm, pos, v6, now)
             else:
@@ -404,7 +462,8 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
                 tags = field(r, AT_TAGS_CODE, "tags_code")
                 if not tail.put(qo, phys, n, tags):
                     cq = tail.cq
-                    mf.wrote = published = pos
+                    published = pos
+                    set_field(mf, MappedFile, MF_WROTE, "wrote", pos)
                     tail.drop()
                     cq.put(qo_obj, phys_obj, n_obj, tags)
                 if notify is not None:
@@ -418,7 +477,7 @@ cdef Py_ssize_t run_records(AppendRun run, Py_ssize_t i) except -1:
     finally:
         try:
             if pos != published:
-                mf.wrote = pos
+                set_field(mf, MappedFile, MF_WROTE, "wrote", pos)
             tail.drop()
         finally:
             PyBuffer_Release(&out)
@@ -481,11 +540,11 @@ def append(object log, object records):
         run.records = ()
         if indexed:
             try:
-                index_put(log._index, indexed, now)
+                put_index(log._index, indexed, now)
             except OSError as exc:
                 log._index_failed(indexed, exc)
         log._dispatched = end
-        if mf.start + pos >= log._warm_at:  # MmapMessageLog._warm_ahead
+        if get_field(mf, MappedFile, MF_START, "start") + pos >= log._warm_at:  # _warm_ahead
             log._warm_at = log._allocator.warm_ahead(mf, pos)
         if notify:
             committer = log._committer
@@ -634,18 +693,27 @@ cdef Py_ssize_t file_put(object f, list items, object store_ts) except -1:
     cdef Py_ssize_t at[3]
     cdef Py_ssize_t nitems = len(items), base, max_entries, end, limit
     cdef int64_t diff
-    if f._image is None:
+    if get_field(f, IndexFile, IX_IMAGE, "_image") is None:
         f.take_head()
-    file, base, max_entries = f.file, f.base, f.max_entries
-    if f.count == 1:
-        f.begin_ts, f.begin_phys = store_ts, items[0][1]
-    seconds = (store_ts - f.begin_ts) // 1000  # any int, as the reference takes it
+    file = get_field(f, IndexFile, IX_FILE, "file")
+    base = get_field(f, IndexFile, IX_BASE, "base")
+    max_entries = get_field(f, IndexFile, IX_MAX_ENTRIES, "max_entries")
+    count = get_field(f, IndexFile, IX_COUNT, "count")
+    if count == 1:
+        set_field(f, IndexFile, IX_BEGIN_TS, "begin_ts", store_ts)
+        set_field(f, IndexFile, IX_BEGIN_PHYS, "begin_phys", items[0][1])
+    # any int, as the reference takes it
+    seconds = (store_ts - get_field(f, IndexFile, IX_BEGIN_TS, "begin_ts")) // 1000
     diff = 0 if seconds < 0 else MAX_TIME_DIFF if seconds > MAX_TIME_DIFF else seconds
-    at[0], at[1], at[2] = 0, f.count, 0
+    at[0], at[1], at[2] = 0, count, 0
     try:
         while at[0] < nitems:
-            limit = (file.allocated - base) // INDEX_ENTRY_SIZE  # entries whose blocks exist
-            write_entries(file.mm, f.slot, f._dirty, f.slots, base, items, at,
+            allocated = get_field(file, MappedFile, MF_ALLOCATED, "allocated")
+            limit = (allocated - base) // INDEX_ENTRY_SIZE  # entries whose blocks exist
+            write_entries(get_field(file, MappedFile, MF_MM, "mm"),
+                          get_field(f, IndexFile, IX_SLOT, "slot"),
+                          get_field(f, IndexFile, IX_DIRTY, "_dirty"),
+                          get_field(f, IndexFile, IX_SLOTS, "slots"), base, items, at,
                           min(max_entries, limit), <int32_t>diff)
             if at[0] == nitems:
                 break
@@ -655,10 +723,11 @@ cdef Py_ssize_t file_put(object f, list items, object store_ts) except -1:
             file.reserve(base + end * INDEX_ENTRY_SIZE)
     finally:
         if at[0]:
-            f.count = at[1]
-            f.slots_used += at[2]
-            f.end_ts = store_ts
-            f.end_phys = items[at[0] - 1][1]
+            set_field(f, IndexFile, IX_COUNT, "count", at[1])
+            set_field(f, IndexFile, IX_SLOTS_USED, "slots_used",
+                      get_field(f, IndexFile, IX_SLOTS_USED, "slots_used") + at[2])
+            set_field(f, IndexFile, IX_END_TS, "end_ts", store_ts)
+            set_field(f, IndexFile, IX_END_PHYS, "end_phys", items[at[0] - 1][1])
     return at[0]
 
 
@@ -666,17 +735,24 @@ def index_put(object service, list items, object store_ts) -> None:
     """The twin of :meth:`evq.backends.mmapfile.index_file.IndexService.put`: the put into
     the last file here, whatever follows it (a new file, the next one built ahead) in
     :meth:`~evq.backends.mmapfile.index_file.IndexService.put_rest`."""
+    put_index(service, items, store_ts)
+
+
+cdef int put_index(object service, list items, object store_ts) except -1:
+    """:func:`index_put`, called from C by :func:`append` too (a call through Python was
+    about a tenth of a single send's append)."""
     cdef Py_ssize_t done
     if not items:
-        return
+        return 0
     files = service.files
     if not files:
         service.put(items, store_ts)
-        return
+        return 0
     f = files[len(files) - 1]
     done = file_put(f, items, store_ts)
-    if done < len(items) or f.count >= service._spare_at:
+    if done < len(items) or get_field(f, IndexFile, IX_COUNT, "count") >= service._spare_at:
         service.put_rest(f, items, done, store_ts)
+    return 0
 
 
 # --- the key lookup ----------------------------------------------------------------------------
