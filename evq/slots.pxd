@@ -27,6 +27,15 @@ cdef inline Py_ssize_t slot_offset(object cls, str name) except -1:
     return (<PyMemberDescrObject*>descriptor).d_member.offset
 
 
+cdef inline Py_ssize_t inherited_slot_offset(type cls, str name) except -1:
+    """:func:`slot_offset` of the class in ``cls``'s MRO that declares ``name`` (a subclass
+    keeps its bases' slots where they are)."""
+    for base in cls.__mro__:
+        if name in base.__dict__:
+            return slot_offset(base, name)
+    raise RuntimeError(f"{cls.__name__}.{name} is no slot")
+
+
 cdef inline object new_instance(type cls):
     """``object.__new__(cls)`` for a slots class without a ``__new__`` of its own: an
     instance with every slot empty, allocated by the type itself (no call through Python)."""

@@ -35,7 +35,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from evq.byte_order cimport get32, get64, put32, put64
-from evq.slots cimport new_instance, set_new, slot_offset
+from evq.slots cimport inherited_slot_offset, new_instance, set_new, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.errno cimport EINTR, errno
 from libc.string cimport memcpy
@@ -94,6 +94,17 @@ cdef Py_ssize_t MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM
 cdef type IndexFile = None
 cdef Py_ssize_t IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS, IX_BEGIN_PHYS
 cdef Py_ssize_t IX_SLOT, IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS
+# The same for the log's fields the append reads and sets (MmapMessageLog.__slots__), taken
+# from the first log class an append is given (see :func:`know_log`).
+LOG_FIELDS = ("_put_lock", "_closed", "_refused", "_clock", "_last_store_ts", "_run", "_log",
+              "_subscribers", "_host", "_index", "_dispatched", "_warm_at", "_allocator",
+              "_committer")
+cdef enum:
+    LOG_PUT_LOCK, LOG_CLOSED, LOG_REFUSED, LOG_CLOCK, LOG_LAST_TS, LOG_RUN, LOG_LOG
+    LOG_SUBSCRIBERS, LOG_HOST, LOG_INDEX, LOG_DISPATCHED, LOG_WARM_AT, LOG_ALLOCATOR
+    LOG_COMMITTER, LOG_COUNT
+cdef type LogClass = None
+cdef Py_ssize_t LOG_AT[LOG_COUNT]
 cdef bint bound = False
 
 
@@ -189,6 +200,33 @@ cdef inline int set_field(object obj, type cls, Py_ssize_t at, str name,
         return 0
     slot = <PyObject**>(<char*>(<PyObject*>obj) + at)
     old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+    Py_XDECREF(old)
+    return 0
+
+
+cdef int know_log(type cls) except -1:
+    """Take where objects of ``cls`` keep :data:`LOG_FIELDS`."""
+    global LogClass
+    for k, name in enumerate(LOG_FIELDS):
+        LOG_AT[k] = inherited_slot_offset(cls, name)
+    LogClass = cls
+    return 0
+
+
+cdef inline object log_field(object log, int k):
+    """``getattr(log, LOG_FIELDS[k])`` from its slot (``log`` is a ``LogClass``)."""
+    cdef PyObject* value = (<PyObject**>(<char*>(<PyObject*>log) + LOG_AT[k]))[0]
+    if value is NULL:
+        return getattr(log, LOG_FIELDS[k])  # never set: getattr raises what it raises
+    return <object>value
+
+
+cdef inline int set_log_field(object log, int k, object value) except -1:
+    """``setattr(log, LOG_FIELDS[k], value)`` into its slot (``log`` is a ``LogClass``)."""
+    cdef PyObject** slot = <PyObject**>(<char*>(<PyObject*>log) + LOG_AT[k])
+    cdef PyObject* old = slot[0]
     Py_INCREF(value)
     slot[0] = <PyObject*>value
     Py_XDECREF(old)
@@ -499,26 +537,28 @@ def append(object log, object records):
     cdef AppendRun run
     if not bound:
         raise RuntimeError("store_kernels.bind was not called")
-    with log._put_lock:
-        if log._closed:
+    if Py_TYPE_PTR(log) is not <PyObject*>LogClass:
+        know_log(type(log))
+    with log_field(log, LOG_PUT_LOCK):
+        if log_field(log, LOG_CLOSED):
             raise LogClosed("the log is closed")
-        if log._refused:  # the disk is full: see evq.backends.shell
-            return new_batch([REFUSED] * len(records), 0, log._host)
-        clock = log._clock
+        if log_field(log, LOG_REFUSED):  # the disk is full: see evq.backends.shell
+            return new_batch([REFUSED] * len(records), 0, log_field(log, LOG_HOST))
+        clock = log_field(log, LOG_CLOCK)
         # The system clock read here, as its now_ms reads it, without a Python frame a send.
         now = wall_ms() if type(clock) is SystemClock else clock.now_ms()
-        last = log._last_store_ts
+        last = log_field(log, LOG_LAST_TS)
         if now < last:  # store times never go backwards
             now = last
-        log._last_store_ts = now
-        run = log._run
-        files = log._log.files
+        set_log_field(log, LOG_LAST_TS, now)
+        run = log_field(log, LOG_RUN)
+        files = log_field(log, LOG_LOG).files
         mf = files[len(files) - 1]  # (no negative indices here: wraparound=False)
         run.set_at(mf)
         if now != run.now:
-            run.now, run.store_fields = now, pack_store_fields(now, log._host)
+            run.now, run.store_fields = now, pack_store_fields(now, log_field(log, LOG_HOST))
         run.records, run.places, run.indexed = records, [], []
-        subscribers = log._subscribers
+        subscribers = log_field(log, LOG_SUBSCRIBERS)
         run.notify = [] if subscribers.listeners else None
         count, i, prepared = len(records), 0, -1
         try:
@@ -540,14 +580,15 @@ def append(object log, object records):
         run.records = ()
         if indexed:
             try:
-                put_index(log._index, indexed, now)
+                put_index(log_field(log, LOG_INDEX), indexed, now)
             except OSError as exc:
                 log._index_failed(indexed, exc)
-        log._dispatched = end
-        if get_field(mf, MappedFile, MF_START, "start") + pos >= log._warm_at:  # _warm_ahead
-            log._warm_at = log._allocator.warm_ahead(mf, pos)
+        set_log_field(log, LOG_DISPATCHED, end)
+        # MmapMessageLog._warm_ahead
+        if get_field(mf, MappedFile, MF_START, "start") + pos >= log_field(log, LOG_WARM_AT):
+            set_log_field(log, LOG_WARM_AT, log_field(log, LOG_ALLOCATOR).warm_ahead(mf, pos))
         if notify:
-            committer = log._committer
+            committer = log_field(log, LOG_COMMITTER)
             if committer is not None:  # announced once they are in the file
                 committer.defer(end, notify)
             else:  # DispatchSubscribers.notify
@@ -557,7 +598,7 @@ def append(object log, object records):
                             callback(notify)
                         except Exception:
                             subscribers.failed()
-    return new_batch(places, now, log._host)
+    return new_batch(places, now, log_field(log, LOG_HOST))
 
 
 def wall_ms():
