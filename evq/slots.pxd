@@ -4,7 +4,7 @@
 # descriptor (or the class's generated __init__) costs more than the rest of building one.
 
 from cpython.object cimport PyObject, PyTypeObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 
 cdef extern from "Python.h":
     ctypedef object (*allocfunc)(void*, Py_ssize_t)
@@ -46,3 +46,41 @@ cdef inline void set_new(object obj, Py_ssize_t at, object value) noexcept:
     """Set a slot of an object just made (the slot is empty, nothing to release)."""
     Py_INCREF(value)
     (<PyObject**>(<char*>(<PyObject*>obj) + at))[0] = <PyObject*>value
+
+
+cdef inline object slot_at(object obj, Py_ssize_t at, str name):
+    """The value in the slot at ``at`` of ``obj`` (whose class the caller checked), or, where
+    it was never set, what ``getattr(obj, name)`` does (raises AttributeError)."""
+    cdef PyObject* value = (<PyObject**>(<char*>(<PyObject*>obj) + at))[0]
+    if value is NULL:
+        return getattr(obj, name)
+    return <object>value
+
+
+cdef inline int replace_slot(object obj, Py_ssize_t at, object value) except -1:
+    """Set the slot at ``at`` of ``obj`` (whose class the caller checked), releasing what it
+    held."""
+    cdef PyObject** slot = <PyObject**>(<char*>(<PyObject*>obj) + at)
+    cdef PyObject* old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
+    Py_XDECREF(old)
+    return 0
+
+
+cdef inline object get_field(object obj, type cls, Py_ssize_t at, str name):
+    """``getattr(obj, name)``, read from its slot where ``obj`` is exactly a ``cls`` (a
+    subclass might make the name a property)."""
+    if <PyObject*>Py_TYPE(obj) is not <PyObject*>cls:
+        return getattr(obj, name)
+    return slot_at(obj, at, name)
+
+
+cdef inline int set_field(object obj, type cls, Py_ssize_t at, str name,
+                          object value) except -1:
+    """``setattr(obj, name, value)``, written to its slot where ``obj`` is exactly a
+    ``cls``."""
+    if <PyObject*>Py_TYPE(obj) is not <PyObject*>cls:
+        setattr(obj, name, value)
+        return 0
+    return replace_slot(obj, at, value)

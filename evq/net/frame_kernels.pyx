@@ -26,7 +26,7 @@ from cpython.bytes cimport PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.object cimport PyObject
 from evq.byte_order cimport get16, get32, put32
-from evq.slots cimport new_instance, set_new, slot_offset
+from evq.slots cimport get_field, new_instance, set_field, set_new, slot_offset
 from libc.stdint cimport INT16_MAX, INT16_MIN, INT32_MAX, INT32_MIN, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 
@@ -82,9 +82,12 @@ cdef Py_ssize_t COMMAND_AT[9]
 # The one-character ASCII strs (CPython's own cached ones): a ROCKETMQ header's keys are
 # single letters for a send (SEND_MESSAGE_V2's) and its answer, taken here without a decode.
 cdef tuple ASCII_CHARS = tuple(chr(i) for i in range(128))
+# Where a frame decoder keeps the fields taking a frame reads and sets (its slots).
+cdef type Decoder = None
+cdef Py_ssize_t D_BUF, D_POS, D_MAX_FRAME, D_MAX_HEADER
 
 
-def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any_header,
+def bind(*, command, decoder, take_frame, encode_frame, parse_int, parse_long, decode_any_header,
          decode_json, orjson_loads, orjson_dumps, orjson_decode_error, orjson_encode_error,
          languages_by_name, names_of_languages, other_language, evq_language_name,
          languages_by_code, json, rocketmq) -> None:
@@ -93,7 +96,7 @@ def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any
     global Command, pure_take_frame, pure_encode_frame, decode_header, decode_json_checked
     global loads, dumps, decode_error, encode_error, language_by_name, language_names
     global language_other, default_language_name, json_type, pure_parse_int, pure_parse_long
-    global language_by_code, rocketmq_type
+    global language_by_code, rocketmq_type, Decoder, D_BUF, D_POS, D_MAX_FRAME, D_MAX_HEADER
     # A field added to the command and not set below would leave decoded commands without
     # it: that stops the import (loudly, in every test) instead.
     fields = tuple(a.name for a in command.__attrs_attrs__)
@@ -102,6 +105,9 @@ def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any
     for k, name in enumerate(COMMAND_FIELDS):
         COMMAND_AT[k] = slot_offset(command, name)
     Command = command
+    D_BUF, D_POS, D_MAX_FRAME, D_MAX_HEADER = (
+        slot_offset(decoder, name) for name in ("_buf", "_pos", "max_frame", "max_header"))
+    Decoder = decoder
     pure_take_frame, pure_encode_frame = take_frame, encode_frame
     pure_parse_int, pure_parse_long = parse_int, parse_long
     decode_header, decode_json_checked = decode_any_header, decode_json
@@ -119,8 +125,8 @@ def bind(*, command, take_frame, encode_frame, parse_int, parse_long, decode_any
 def take_frame(decoder):
     """The pure ``_take_frame``: the next whole frame's command out of ``decoder``'s buffer,
     or None until more bytes come."""
-    cdef bytearray buf = decoder._buf
-    cdef Py_ssize_t pos = decoder._pos
+    cdef bytearray buf = get_field(decoder, Decoder, D_BUF, "_buf")
+    cdef Py_ssize_t pos = get_field(decoder, Decoder, D_POS, "_pos")
     cdef Py_ssize_t available = PyByteArray_GET_SIZE(buf) - pos
     cdef Py_ssize_t length, header_length, body_length
     cdef uint32_t word
@@ -129,13 +135,14 @@ def take_frame(decoder):
         return None
     p = <const uint8_t*>PyByteArray_AS_STRING(buf) + pos
     length = get32(p)
-    if length < 4 or length + 4 > <Py_ssize_t>decoder.max_frame:
+    max_frame = get_field(decoder, Decoder, D_MAX_FRAME, "max_frame")
+    if length < 4 or length + 4 > <Py_ssize_t>max_frame:
         return pure_take_frame(decoder)  # refused there, with the opaque it can salvage
     if available < 8:
         return None
     word = <uint32_t>get32(p + 4)
     header_length = word & HEADER_LENGTH_MASK
-    if header_length > <Py_ssize_t>decoder.max_header:
+    if header_length > <Py_ssize_t>get_field(decoder, Decoder, D_MAX_HEADER, "max_header"):
         return pure_take_frame(decoder)  # refused there
     if available < 4 + length:
         return None
@@ -145,7 +152,7 @@ def take_frame(decoder):
     header = PyBytes_FromStringAndSize(<const char*>p + 8, header_length)
     body = (PyBytes_FromStringAndSize(<const char*>p + 8 + header_length, body_length)
             if body_length else b"")
-    decoder._pos = pos + 4 + length
+    set_field(decoder, Decoder, D_POS, "_pos", pos + 4 + length)
     if word >> 24 == 1:
         return decode_binary(header, body)
     if word >> 24:

@@ -714,7 +714,8 @@ def _compiled_kernels() -> FrameCodec | None:
     except ImportError:
         return None
     frame_kernels.bind(
-        command=RemotingCommand, take_frame=_take_frame, encode_frame=_encode_frame,
+        command=RemotingCommand, decoder=FrameDecoder, take_frame=_take_frame,
+        encode_frame=_encode_frame,
         parse_int=_parse_int_field, parse_long=_parse_long_field,
         decode_any_header=decode_header, decode_json=_decode_json_checked,
         orjson_loads=orjson.loads, orjson_dumps=orjson.dumps,

@@ -23,6 +23,7 @@ loads it.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_Check
+from evq.slots cimport get_field, set_field, slot_offset
 from libc.string cimport memcpy
 
 cdef extern from "Python.h":
@@ -41,14 +42,21 @@ cdef object failed = None
 cdef object resumed = None
 cdef long response_flag = 0
 cdef long oneway_flag = 0
+# Where a frame decoder keeps its buffer, position and failure (its slots): read through
+# their descriptors, a dozen a request.
+cdef type Decoder = None
+cdef Py_ssize_t D_BUF = 0, D_POS = 0, D_FAILED = 0
 
 
 def bind(*, take_frame, protocol_error, answers, unsupported, failed, resumed, response_flag,
-         oneway_flag) -> None:
+         oneway_flag, decoder) -> None:
     """Hand the read path the frame kernel, the protocol's error and flags and the dispatcher's
     answers it shares with the reference (called once by evq.net.transport)."""
+    global Decoder, D_BUF, D_POS, D_FAILED
     _bind(take_frame, protocol_error, answers, unsupported, failed, resumed, response_flag,
           oneway_flag)
+    D_BUF, D_POS, D_FAILED = (slot_offset(decoder, name) for name in ("_buf", "_pos", "_failed"))
+    Decoder = decoder
 
 
 cdef _bind(take, error, kinds, unsupported_answer, failed_answer, resume, long response,
@@ -58,6 +66,10 @@ cdef _bind(take, error, kinds, unsupported_answer, failed_answer, resume, long r
     take_frame, ProtocolError, answers = take, error, kinds
     unsupported, failed, resumed = unsupported_answer, failed_answer, resume
     response_flag, oneway_flag = response, oneway
+
+
+cdef inline Py_ssize_t decoder_pos(object decoder) except -1:
+    return get_field(decoder, Decoder, D_POS, "_pos")
 
 
 cdef class ReadPath:
@@ -107,9 +119,9 @@ cdef class ReadPath:
         if not 0 <= nbytes <= view.len:  # never from a transport; sliced as the reference does
             decoder.feed(self._read_view[:nbytes])
             return 0
-        if decoder._failed is not None:
+        if get_field(decoder, Decoder, D_FAILED, "_failed") is not None:
             return 0
-        buf = decoder._buf
+        buf = get_field(decoder, Decoder, D_BUF, "_buf")
         size = PyByteArray_GET_SIZE(buf)
         PyByteArray_Resize(buf, size + nbytes)
         memcpy(PyByteArray_AS_STRING(buf) + size, view.buf, nbytes)
@@ -128,8 +140,8 @@ cdef class ReadPath:
         decoder = self._decoder
         try:
             while take:
-                buf = decoder._buf
-                before = PyByteArray_GET_SIZE(buf) - <Py_ssize_t>decoder._pos
+                buf = get_field(decoder, Decoder, D_BUF, "_buf")
+                before = PyByteArray_GET_SIZE(buf) - decoder_pos(decoder)
                 if not before:
                     break
                 cmd = self.next_command(decoder, buf)
@@ -139,13 +151,13 @@ cdef class ReadPath:
                     self._resolve(cmd)
                 else:
                     self.start(cmd, before - (PyByteArray_GET_SIZE(buf)
-                                              - <Py_ssize_t>decoder._pos))
+                                              - decoder_pos(decoder)))
                 take = self.may_take()
         except ProtocolError as exc:
             self._refuse(exc)
             take = self.may_take()
-        buf = decoder._buf
-        if PyByteArray_GET_SIZE(buf) - <Py_ssize_t>decoder._pos != self._partial:
+        buf = get_field(decoder, Decoder, D_BUF, "_buf")
+        if PyByteArray_GET_SIZE(buf) - decoder_pos(decoder) != self._partial:
             self._account()  # a frame begun or ended: the budget's business
         if (take and not self._budget_paused) != self._reading:
             self._update_reading()
@@ -154,22 +166,22 @@ cdef class ReadPath:
     cdef object next_command(self, decoder, bytearray buf):
         """The decoder's ``next_command``."""
         cdef Py_ssize_t pos
-        failure = decoder._failed
+        failure = get_field(decoder, Decoder, D_FAILED, "_failed")
         if failure is not None:
             raise failure
         try:
             cmd = take_frame(decoder)
         except ProtocolError as exc:
-            decoder._failed = exc
+            set_field(decoder, Decoder, D_FAILED, "_failed", exc)
             raise
-        pos = decoder._pos
+        pos = decoder_pos(decoder)
         if cmd is None:
             if pos:
                 del buf[:pos]
-                decoder._pos = 0
+                set_field(decoder, Decoder, D_POS, "_pos", 0)
         elif pos == PyByteArray_GET_SIZE(buf):
             PyByteArray_Resize(buf, 0)  # bytearray.clear
-            decoder._pos = 0
+            set_field(decoder, Decoder, D_POS, "_pos", 0)
         return cmd
 
     cdef int start(self, cmd, Py_ssize_t size) except -1:

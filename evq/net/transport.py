@@ -550,7 +550,8 @@ def _compiled_read_path() -> type[ReadPath] | None:
         return None
     read_path.bind(take_frame=protocol.take_frame, protocol_error=ProtocolError,
                    answers=_ANSWERS, unsupported=Dispatcher.unsupported, failed=Dispatcher.failed,
-                   resumed=_resumed, response_flag=RESPONSE_FLAG, oneway_flag=ONEWAY_FLAG)
+                   resumed=_resumed, response_flag=RESPONSE_FLAG, oneway_flag=ONEWAY_FLAG,
+                   decoder=protocol.FrameDecoder)
     return cast(type[ReadPath], read_path.ReadPath)
 
 

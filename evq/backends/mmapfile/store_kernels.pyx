@@ -33,9 +33,9 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_XDECREF
 from evq.byte_order cimport get32, get64, put32, put64
-from evq.slots cimport inherited_slot_offset, new_instance, set_new, slot_offset
+from evq.slots cimport get_field, inherited_slot_offset, new_instance, replace_slot
+from evq.slots cimport set_field, set_new, slot_at, slot_offset
 from libc.stdint cimport INT32_MAX, INT32_MIN, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.errno cimport EINTR, errno
 from libc.string cimport memcpy
@@ -52,7 +52,6 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
     bint PyLong_CheckExact(object)
     bint PyObject_TypeCheck(object, type)
-    PyObject* Py_TYPE_PTR "(PyObject*)Py_TYPE"(object)
 
 # Bound by bind(): the numbers of evq's layouts (the modules that draw them own them).
 cdef type Dispatched = None
@@ -177,35 +176,6 @@ cdef inline object field(object r, Py_ssize_t at, str name):
     return <object>value
 
 
-cdef inline object get_field(object obj, type cls, Py_ssize_t at, str name):
-    """``getattr(obj, name)``, read from its slot where ``obj`` is exactly a ``cls`` (a
-    subclass might make the name a property)."""
-    cdef PyObject* value
-    if Py_TYPE_PTR(obj) is not <PyObject*>cls:
-        return getattr(obj, name)
-    value = (<PyObject**>(<char*>(<PyObject*>obj) + at))[0]
-    if value is NULL:
-        return getattr(obj, name)  # never set: getattr raises what it raises
-    return <object>value
-
-
-cdef inline int set_field(object obj, type cls, Py_ssize_t at, str name,
-                          object value) except -1:
-    """``setattr(obj, name, value)``, written to its slot where ``obj`` is exactly a
-    ``cls``."""
-    cdef PyObject** slot
-    cdef PyObject* old
-    if Py_TYPE_PTR(obj) is not <PyObject*>cls:
-        setattr(obj, name, value)
-        return 0
-    slot = <PyObject**>(<char*>(<PyObject*>obj) + at)
-    old = slot[0]
-    Py_INCREF(value)
-    slot[0] = <PyObject*>value
-    Py_XDECREF(old)
-    return 0
-
-
 cdef int know_log(type cls) except -1:
     """Take where objects of ``cls`` keep :data:`LOG_FIELDS`."""
     global LogClass
@@ -217,20 +187,12 @@ cdef int know_log(type cls) except -1:
 
 cdef inline object log_field(object log, int k):
     """``getattr(log, LOG_FIELDS[k])`` from its slot (``log`` is a ``LogClass``)."""
-    cdef PyObject* value = (<PyObject**>(<char*>(<PyObject*>log) + LOG_AT[k]))[0]
-    if value is NULL:
-        return getattr(log, LOG_FIELDS[k])  # never set: getattr raises what it raises
-    return <object>value
+    return slot_at(log, LOG_AT[k], LOG_FIELDS[k])
 
 
 cdef inline int set_log_field(object log, int k, object value) except -1:
     """``setattr(log, LOG_FIELDS[k], value)`` into its slot (``log`` is a ``LogClass``)."""
-    cdef PyObject** slot = <PyObject**>(<char*>(<PyObject*>log) + LOG_AT[k])
-    cdef PyObject* old = slot[0]
-    Py_INCREF(value)
-    slot[0] = <PyObject*>value
-    Py_XDECREF(old)
-    return 0
+    return replace_slot(log, LOG_AT[k], value)
 
 
 cdef object new_dispatched(object topic, object queue_id, object queue_offset,
@@ -537,7 +499,7 @@ def append(object log, object records):
     cdef AppendRun run
     if not bound:
         raise RuntimeError("store_kernels.bind was not called")
-    if Py_TYPE_PTR(log) is not <PyObject*>LogClass:
+    if type(log) is not LogClass:
         know_log(type(log))
     with log_field(log, LOG_PUT_LOCK):
         if log_field(log, LOG_CLOSED):
