@@ -259,4 +259,4 @@ def send_lane(ctx: BrokerContext, general: Handler,
         appended_records=AppendedRecords, terms=terms, template=answer_template(),
         binary_template=binary_answer_template(), v1_code=RequestCode.SEND_MESSAGE,
         v2_code=RequestCode.SEND_MESSAGE_V2, json_type=SerializeType.JSON,
-        rocketmq_type=SerializeType.ROCKETMQ))
+        rocketmq_type=SerializeType.ROCKETMQ, command=RemotingCommand))

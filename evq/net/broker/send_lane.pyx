@@ -33,6 +33,7 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from evq.byte_order cimport put32
 from evq.net.frame_kernels cimport SendFields, Text, binary_frame, read_send_fields
+from evq.slots cimport get_field, set_field, slot_offset
 from libc.stdint cimport int32_t, uint8_t
 from libc.string cimport memcpy
 
@@ -52,6 +53,15 @@ cdef enum:  # the answer's values, as the template numbers them (evq.net.broker.
 
 
 cdef const char* HEX = b"0123456789ABCDEF"
+
+cdef enum:  # the fields the lane reads by their slots (see SendLane.at)
+    CMD_CODE, CMD_VERSION, CMD_OPAQUE, CMD_EXT_FIELDS, CMD_BODY, CMD_SERIALIZE_TYPE
+    CTX_DURABLE, CTX_REPLICATED, CTX_PUTS, CTX_STATS, PUTS_BUSY, STATS_MESSAGES, STATS_BYTES
+    FIELD_COUNT
+
+# Each field's name (for the class check's fallback, getattr) and where it is read from.
+FIELD_NAMES = ("code", "version", "opaque", "ext_fields", "body", "serialize_type", "durable",
+               "replicated", "puts", "stats", "busy", "messages_put", "bytes_put")
 
 
 cdef Py_ssize_t decimal(long long value, uint8_t* out) noexcept:
@@ -95,6 +105,11 @@ cdef class SendLane:
     cdef tuple binary_fixed  # the binary answer's code, language, version and flag
     cdef tuple binary_fields  # its fields: (key, literal value or which value goes there)
     cdef object v1_code, v2_code, json_type, rocketmq_type
+    # Where the command's, the context's, its put queue's and its stats' classes keep the
+    # fields a send reads (and the two counters it adds to): through their descriptors, a
+    # dozen a send (issue 18).  An object of another class is read through getattr.
+    cdef type command, context, turns, counters
+    cdef Py_ssize_t at[FIELD_COUNT]
     cdef readonly unsigned long long taken
     """Sends the lane answered (C counters: what a metrics surface reads for free)."""
     cdef readonly unsigned long long handed_over
@@ -107,8 +122,14 @@ cdef class SendLane:
 
     def __init__(self, *, general, ctx, answer_put, plain_records, parse_host, host_bytes,
                  is_ipv6, appended_records, terms, template, binary_template, v1_code,
-                 v2_code, json_type, rocketmq_type):
+                 v2_code, json_type, rocketmq_type, command):
         self.general, self.ctx, self.core = general, ctx, ctx.core
+        self.command, self.context = command, type(ctx)
+        self.turns, self.counters = type(ctx.puts), type(ctx.stats)
+        for k, name in enumerate(FIELD_NAMES):
+            cls = (self.command if k < CTX_DURABLE else self.context if k < PUTS_BUSY
+                   else self.turns if k == PUTS_BUSY else self.counters)
+            self.at[k] = slot_offset(cls, name)
         self.log, self.answer_put = self.core.log, answer_put
         self.plain_records, self.parse_host = plain_records, parse_host
         self.host_bytes, self.is_ipv6, self.appended_records = host_bytes, is_ipv6, appended_records
@@ -120,18 +141,30 @@ cdef class SendLane:
         self.v1_code, self.v2_code = v1_code, v2_code
         self.json_type, self.rocketmq_type = json_type, rocketmq_type
 
+    cdef inline object cmd_field(self, object cmd, int k):
+        return get_field(cmd, self.command, self.at[k], FIELD_NAMES[k])
+
+    cdef inline object ctx_field(self, int k):
+        return get_field(self.ctx, self.context, self.at[k], FIELD_NAMES[k])
+
+    cdef inline int count(self, object stats, int k, object added) except -1:
+        value = get_field(stats, self.counters, self.at[k], FIELD_NAMES[k]) + added
+        return set_field(stats, self.counters, self.at[k], FIELD_NAMES[k], value)
+
     def __call__(self, conn, cmd):
         cdef SendFields f
         cdef PyObject* found
-        ctx, fields = self.ctx, cmd.ext_fields
-        code = cmd.code
-        binary = cmd.serialize_type is self.rocketmq_type
+        ctx, fields = self.ctx, self.cmd_field(cmd, CMD_EXT_FIELDS)
+        code = self.cmd_field(cmd, CMD_CODE)
+        serialize_type = self.cmd_field(cmd, CMD_SERIALIZE_TYPE)
+        binary = serialize_type is self.rocketmq_type
         if ((code != self.v2_code and code != self.v1_code)
-                or (not binary and cmd.serialize_type != self.json_type)
+                or (not binary and serialize_type != self.json_type)
                 or not PyDict_CheckExact(fields)
-                or not read_send_fields(code, cmd.version, <dict>fields, &f)
-                or f.batch or f.queue_id < 0 or ctx.durable is not None
-                or ctx.replicated is not None or ctx.puts.busy):
+                or not read_send_fields(code, self.cmd_field(cmd, CMD_VERSION), <dict>fields, &f)
+                or f.batch or f.queue_id < 0 or self.ctx_field(CTX_DURABLE) is not None
+                or self.ctx_field(CTX_REPLICATED) is not None
+                or get_field(self.ctx_field(CTX_PUTS), self.turns, self.at[PUTS_BUSY], "busy")):
             self.handed_over += 1
             return self.general(conn, cmd)
         topic = <object>f.topic
@@ -165,8 +198,9 @@ cdef class SendLane:
             return self.general(conn, cmd)
         properties = "" if f.properties is NULL else <object>f.properties
         plain = self.plain_records(
-            [(f.flag, cmd.body, f.sys_flag, properties or "")], topic, f.queue_id, f.born,
-            born_host, self.store_host, f.reconsume, self.cluster_entry, self.max_body)
+            [(f.flag, self.cmd_field(cmd, CMD_BODY), f.sys_flag, properties or "")], topic,
+            f.queue_id, f.born, born_host, self.store_host, f.reconsume, self.cluster_entry,
+            self.max_body)
         if plain is None:  # a message that needs routing
             self.handed_over += 1
             return self.general(conn, cmd)
@@ -175,15 +209,16 @@ cdef class SendLane:
             place = appended.single()
             if place is not None:  # stored
                 (physical, size, queue_offset), host = place
-                stats = ctx.stats
-                stats.messages_put += 1
-                stats.bytes_put += size
+                stats = self.ctx_field(CTX_STATS)
+                self.count(stats, STATS_MESSAGES, 1)
+                self.count(stats, STATS_BYTES, size)
                 self.taken += 1
+                opaque = self.cmd_field(cmd, CMD_OPAQUE)
                 if binary:
                     return splice_binary(self.binary_fixed, self.binary_fields, host,
-                                         physical, f.queue_id, queue_offset, cmd.opaque)
+                                         physical, f.queue_id, queue_offset, opaque)
                 return splice(self.pieces, self.order, host, physical, f.queue_id,
-                              queue_offset, cmd.opaque)
+                              queue_offset, opaque)
         self.handed_over += 1
         return self.answer_put(cmd, topic, f.queue_id, appended)
 
