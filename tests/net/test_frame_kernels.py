@@ -49,11 +49,19 @@ def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
         return "raised", (type(exc), str(exc), getattr(exc, "opaque", None))
 
 
+class DecoderSubclass(FrameDecoder):
+    """A decoder of another class than the one the kernels were bound to: they read and set
+    its fields through getattr and setattr, not by their slots."""
+
+    __slots__ = ()
+
+
 def taken(codec: FrameCodec, chunks: list[bytes], max_frame: int,
-          max_header: int = MAX_HEADER) -> list[object]:
+          max_header: int = MAX_HEADER, decoder_class: type[FrameDecoder] = FrameDecoder
+          ) -> list[object]:
     """Everything a decoder gives for ``chunks`` fed one at a time, each followed by taking
     frames until none is left or one fails: commands, errors, and where the decoder stood."""
-    decoder = FrameDecoder(max_frame, max_header)
+    decoder = decoder_class(max_frame, max_header)
     seen: list[object] = []
     for chunk in chunks:
         decoder._buf += chunk
@@ -259,6 +267,19 @@ _INT16S = st.integers(-(2**15), 2**15 - 1)
          b"x", [])  # a value cut inside a surrogate's bytes: not UTF-8
 def test_any_binary_header_gives_the_same(header: bytes, body: bytes, cuts: list[int]) -> None:
     assert_same_taking(frame(header, body, kind=1), cuts)
+
+
+@given(binary_headers(), st.binary(max_size=8), st.integers(8, 64),
+       st.lists(st.integers(0, 120), max_size=3))
+def test_a_decoder_of_another_class_takes_the_same(header: bytes, body: bytes, max_frame: int,
+                                                    cuts: list[int]) -> None:
+    """The kernels read a decoder by its slots only where it is exactly the class they were
+    bound to; a subclass is read by name, and ends the same."""
+    frames = frame(header, body, kind=1) + frame(b'{"code":10}')
+    points = sorted({min(c, len(frames)) for c in cuts})
+    chunks = [frames[a:b] for a, b in zip([0, *points], [*points, len(frames)], strict=True)]
+    assert (taken(COMPILED, chunks, max_frame, decoder_class=DecoderSubclass)
+            == taken(PURE, chunks, max_frame))
 
 
 @given(st.dictionaries(_texts, _texts, max_size=20), st.none() | _texts,
