@@ -32,6 +32,10 @@ _BLANK = ENTRY.pack(0, BLANK_ENTRY_SIZE, 0)
 
 
 class ConsumeQueue:
+    # The three fields the compiled append reads and sets a send (store_kernels.QueueTail) are
+    # slots, read there by their place in the object; the rest stay in the __dict__.
+    __slots__ = ("__dict__", "__weakref__", "_last", "next_offset", "ready_below")
+
     def __init__(
         self, topic: str, queue_id: int, directory: Path, entries_per_segment: int,
         pending: durable_fs.PendingSyncs | None = None,

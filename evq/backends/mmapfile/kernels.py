@@ -68,7 +68,7 @@ def _compiled() -> StoreKernels | None:
         max_time_diff=index_file.MAX_TIME_DIFF, blank_size=rec.BLANK_SIZE, log_closed=LogClosed,
         refused=REFUSED, no_space_fn=disk.no_space, store_fields=rec.STORE_V4.pack,
         appended_batch=AppendedBatch, system_clock=SystemClock, mapped_file=MappedFile,
-        index_file=index_file.IndexFile,
+        index_file=index_file.IndexFile, consume_queue=consume_queue.ConsumeQueue,
     )
     store_kernels.bind_reads(
         read_result=ReadResult, get_status=GetStatus, outside=rules.status_outside,

@@ -91,6 +91,8 @@ cdef type SystemClock = None  # a clock of exactly this class is read here (wall
 cdef type MappedFile = None
 cdef Py_ssize_t MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM
 cdef type IndexFile = None
+cdef type ConsumeQueue = None
+cdef Py_ssize_t CQ_NEXT_OFFSET, CQ_READY_BELOW, CQ_LAST
 cdef Py_ssize_t IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS, IX_BEGIN_PHYS
 cdef Py_ssize_t IX_SLOT, IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS
 # The same for the log's fields the append reads and sets (MmapMessageLog.__slots__), taken
@@ -111,7 +113,7 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
          queue_offset_at, physical_offset_at, cq_entry_size, index_header_size,
          index_entry_size, index_head_chunk, max_time_diff, blank_size, log_closed, refused,
          no_space_fn, store_fields, appended_batch, system_clock, mapped_file,
-         index_file) -> None:
+         index_file, consume_queue) -> None:
     """Hand the kernels the layout numbers and the Dispatched class (called once, by
     evq.backends.mmapfile.kernels).  The writes below are drawn for the layouts as they are
     (two adjacent big-endian int64 offsets, 20-byte queue and index entries): a layout that
@@ -121,6 +123,7 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
     global bound, BLANK_SIZE, MAX_TIME_DIFF, LogClosed, REFUSED, no_space, pack_store_fields
     global AppendedBatch, AT_PLACES, AT_BATCH_TS, AT_BATCH_HOST, SystemClock
     global MappedFile, MF_WRITER, MF_START, MF_WROTE, MF_SIZE, MF_ALLOCATED, MF_MM
+    global ConsumeQueue, CQ_NEXT_OFFSET, CQ_READY_BELOW, CQ_LAST
     global IndexFile, IX_IMAGE, IX_FILE, IX_BASE, IX_MAX_ENTRIES, IX_COUNT, IX_BEGIN_TS
     global IX_BEGIN_PHYS, IX_SLOT, IX_DIRTY, IX_SLOTS, IX_SLOTS_USED, IX_END_TS, IX_END_PHYS
     global PutRecord, AT_DATA, AT_TOPIC, AT_QUEUE_ID, AT_SYSFLAG, AT_TAGS_CODE, AT_KEY_HASHES
@@ -161,6 +164,9 @@ def bind(*, dispatched, put_record, no_queue_entry, host_v6, sysflag_low_at, sto
         for name in ("_image", "file", "base", "max_entries", "count", "begin_ts", "begin_phys",
                      "slot", "_dirty", "slots", "slots_used", "end_ts", "end_phys"))
     IndexFile = index_file
+    CQ_NEXT_OFFSET, CQ_READY_BELOW, CQ_LAST = (
+        slot_offset(consume_queue, name) for name in ("next_offset", "ready_below", "_last"))
+    ConsumeQueue = consume_queue
     bound = True
 
 
@@ -243,9 +249,9 @@ cdef class QueueTail:
 
     cdef int load(self, object cq) except -1:
         """Take ``cq``'s state (after :meth:`drop`)."""
-        self.next = self.next_was = cq.next_offset
-        self.ready = cq.ready_below
-        last = cq._last
+        self.next = self.next_was = get_field(cq, ConsumeQueue, CQ_NEXT_OFFSET, "next_offset")
+        self.ready = get_field(cq, ConsumeQueue, CQ_READY_BELOW, "ready_below")
+        last = get_field(cq, ConsumeQueue, CQ_LAST, "_last")
         if last is not None:
             self.start = get_field(last, MappedFile, MF_START, "start")
             self.allocated = get_field(last, MappedFile, MF_ALLOCATED, "allocated")
@@ -282,7 +288,7 @@ cdef class QueueTail:
         if self.cq is None:
             return 0
         if self.next != self.next_was:
-            self.cq.next_offset = self.next
+            set_field(self.cq, ConsumeQueue, CQ_NEXT_OFFSET, "next_offset", self.next)
             self.next_was = self.next
         if self.wrote != self.wrote_was:
             set_field(self.last, MappedFile, MF_WROTE, "wrote", self.wrote)
@@ -501,7 +507,11 @@ def append(object log, object records):
         raise RuntimeError("store_kernels.bind was not called")
     if type(log) is not LogClass:
         know_log(type(log))
-    with log_field(log, LOG_PUT_LOCK):
+    # The put lock taken and given back by its methods: a with statement looks __enter__ and
+    # __exit__ up as bound methods each time.
+    lock = log_field(log, LOG_PUT_LOCK)
+    lock.acquire()
+    try:
         if log_field(log, LOG_CLOSED):
             raise LogClosed("the log is closed")
         if log_field(log, LOG_REFUSED):  # the disk is full: see evq.backends.shell
@@ -560,6 +570,8 @@ def append(object log, object records):
                             callback(notify)
                         except Exception:
                             subscribers.failed()
+    finally:
+        lock.release()
     return new_batch(places, now, log_field(log, LOG_HOST))
 
 
