@@ -20,3 +20,14 @@ async def test_a_blocked_loop_is_measured_at_least_as_long_as_it_was_held() -> N
         assert lag.max_stall >= 0.19
     finally:
         watcher.cancel()
+
+
+async def test_a_cancelled_watcher_leaves_no_tick_behind() -> None:
+    lag = LoopLag(interval=0.002)
+    watcher = asyncio.create_task(lag.run())
+    await eventually(lambda: lag.ticks >= 2)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    ticks = lag.ticks
+    await asyncio.sleep(0.05)  # twenty-five intervals: a tick left scheduled would have run
+    assert lag.ticks == ticks
