@@ -32,6 +32,9 @@ cdef extern from "Python.h":
         void* buf
         Py_ssize_t len
     Py_buffer* PyMemoryView_GET_BUFFER(object)
+    int PyObject_GetBuffer(object, Py_buffer*, int) except -1
+    void PyBuffer_Release(Py_buffer*)
+    enum: PyBUF_SIMPLE
 
 # Bound by bind(): the transport's and the protocol's functions and constants.
 cdef object take_frame = None
@@ -46,6 +49,10 @@ cdef long oneway_flag = 0
 # their descriptors, a dozen a request.
 cdef type Decoder = None
 cdef Py_ssize_t D_BUF = 0, D_POS = 0, D_FAILED = 0
+KEEP_DRAINED_BYTES = 64 * 1024
+"""The largest drained decoder buffer kept for the next read (see ``next_command``): a request
+of a few KiB reuses its memory, a large batch's is given back."""
+cdef Py_ssize_t KEEP_DRAINED = KEEP_DRAINED_BYTES
 
 
 def bind(*, take_frame, protocol_error, answers, unsupported, failed, resumed, response_flag,
@@ -72,6 +79,21 @@ cdef inline Py_ssize_t decoder_pos(object decoder) except -1:
     return get_field(decoder, Decoder, D_POS, "_pos")
 
 
+cdef int append_bytes(object decoder, const char* data, Py_ssize_t n) except -1:
+    """Add ``n`` bytes at ``data`` to the decoder's buffer; a drained one (its position at its
+    end, left so by next_command) is written over from its start, in the memory it has."""
+    cdef bytearray buf = get_field(decoder, Decoder, D_BUF, "_buf")
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(buf)
+    if size and decoder_pos(decoder) == size:
+        PyByteArray_Resize(buf, n)  # no realloc while n stays within the memory it holds
+        set_field(decoder, Decoder, D_POS, "_pos", 0)
+        size = 0
+    else:
+        PyByteArray_Resize(buf, size + n)
+    memcpy(PyByteArray_AS_STRING(buf) + size, data, n)
+    return 0
+
+
 cdef class ReadPath:
     """The reference's methods over C fields (see the module's docstring)."""
 
@@ -91,8 +113,15 @@ cdef class ReadPath:
         self.pump()
 
     def data_received(self, data):
+        cdef Py_buffer view
         self.last_active = self._clock.monotonic()
-        self._decoder.feed(data)
+        decoder = self._decoder
+        if get_field(decoder, Decoder, D_FAILED, "_failed") is None:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            try:
+                append_bytes(decoder, <const char*>view.buf, view.len)
+            finally:
+                PyBuffer_Release(&view)
         self.pump()
 
     def _may_take(self):
@@ -113,18 +142,13 @@ cdef class ReadPath:
         """The decoder's ``feed`` of the first ``nbytes`` of the read buffer, copied straight
         from it."""
         cdef Py_buffer* view = PyMemoryView_GET_BUFFER(self._read_view)
-        cdef Py_ssize_t size
-        cdef bytearray buf
         decoder = self._decoder
         if not 0 <= nbytes <= view.len:  # never from a transport; sliced as the reference does
             decoder.feed(self._read_view[:nbytes])
             return 0
         if get_field(decoder, Decoder, D_FAILED, "_failed") is not None:
             return 0
-        buf = get_field(decoder, Decoder, D_BUF, "_buf")
-        size = PyByteArray_GET_SIZE(buf)
-        PyByteArray_Resize(buf, size + nbytes)
-        memcpy(PyByteArray_AS_STRING(buf) + size, view.buf, nbytes)
+        append_bytes(decoder, <const char*>view.buf, nbytes)
         return 0
 
     cdef inline bint may_take(self):
@@ -179,9 +203,12 @@ cdef class ReadPath:
             if pos:
                 del buf[:pos]
                 set_field(decoder, Decoder, D_POS, "_pos", 0)
-        elif pos == PyByteArray_GET_SIZE(buf):
+        elif pos == PyByteArray_GET_SIZE(buf) and pos > KEEP_DRAINED:
             PyByteArray_Resize(buf, 0)  # bytearray.clear
             set_field(decoder, Decoder, D_POS, "_pos", 0)
+        # A smaller drained buffer stays as it is, its position at its end: the next read
+        # writes over it (append_bytes) where clearing it gave its memory back to the
+        # allocator and the next read asked for it again, a realloc each way every request.
         return cmd
 
     cdef int start(self, cmd, Py_ssize_t size) except -1:

@@ -157,8 +157,8 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-Step = tuple[str, Any]  # ("read", bytes) or ("release" | "pause writing" | "resume writing"
-#                          | "stop" | "tick", None)
+Step = tuple[str, Any]  # ("read" | "data", bytes) or ("release" | "pause writing"
+#                          | "resume writing" | "stop" | "tick", None)
 
 
 async def played(kind: type[Connection], steps: list[Step], *, eager: bool,
@@ -183,6 +183,8 @@ async def played(kind: type[Connection], steps: list[Step], *, eager: bool,
                 view = conn.get_buffer(len(value))
                 view[: len(value)] = value
                 conn.buffer_updated(len(value))
+            elif step == "data":  # what a transport without buffered reads hands over
+                conn.data_received(value)
             elif step == "release":
                 gate.set()
                 await settle()
@@ -339,6 +341,43 @@ def test_malformed_frames_are_refused_as_the_reference_does() -> None:
         assert "close" in trace and ("handler", NOW, 2, 0, False) not in trace
 
 
+def test_a_drained_buffer_is_kept_up_to_its_bound_and_given_back_past_it() -> None:
+    """The compiled path leaves a drained decoder buffer of at most KEEP_DRAINED_BYTES for the
+    next read to write over (no realloc each way a request), and clears a larger one."""
+    from evq.net.read_path import KEEP_DRAINED_BYTES
+
+    def sized(total: int, opaque: int) -> bytes:
+        frame = request(NOTHING, opaque, bytes(total - len(request(NOTHING, opaque))))
+        assert len(frame) == total
+        return frame
+
+    async def scenario(total: int, feed: str) -> list[tuple[int, int, int]]:
+        seen: list[object] = []
+        conn = Connection(Dispatcher(handlers(seen, asyncio.Event()), eager=True),
+                          TransportConfig(), ManualClock(), pause_on_write=True)
+        conn.connection_made(Recorder(seen))
+        states = []
+        for frame in (sized(total, 1), request(NOW, 2, b"after"), request(NOW, 3)):
+            for at in range(0, len(frame), 40_000):  # cut, as a socket's reads would
+                chunk = frame[at : at + 40_000]
+                if feed == "read":
+                    conn.get_buffer(len(chunk))[: len(chunk)] = chunk
+                    conn.buffer_updated(len(chunk))
+                else:
+                    conn.data_received(chunk)
+            states.append((conn._decoder.buffered, len(conn._decoder._buf),
+                           sum(1 for e in seen if isinstance(e, tuple) and e[0] == "handler")))
+        return states
+
+    for feed in ("read", "data"):
+        with asyncio.Runner() as runner:
+            at_bound = runner.run(scenario(KEEP_DRAINED_BYTES, feed))
+            past = runner.run(scenario(KEEP_DRAINED_BYTES + 1, feed))
+        small = len(request(NOW, 2, b"after"))
+        assert at_bound == [(0, KEEP_DRAINED_BYTES, 1), (0, small, 2), (0, len(request(NOW, 3)), 3)]
+        assert past == [(0, 0, 1), (0, small, 2), (0, len(request(NOW, 3)), 3)]
+
+
 # --- the whole input space -------------------------------------------------------------------
 
 _requests = st.builds(request, st.sampled_from(REQUEST_CODES), st.integers(1, 2**31 - 1),
@@ -354,7 +393,7 @@ def scenarios(draw: st.DrawFn) -> list[Step]:
         frames.append(draw(st.sampled_from([b"\xff\xff\xff\xff", b"\x00\x00\x00\x05{}{}x"])))
     stream = b"".join(frames)
     cuts = draw(st.lists(st.integers(0, max(len(stream), 1)), max_size=4))
-    steps = reads(stream, cuts)
+    steps = [(draw(st.sampled_from(["read", "data"])), chunk) for _, chunk in reads(stream, cuts)]
     for _ in range(draw(st.integers(0, 4))):
         steps.insert(draw(st.integers(0, len(steps))), (draw(_events), None))
     return [*steps, ("release", None), ("release", None)]
